@@ -1,0 +1,134 @@
+/* sop.h - stream-ordered GPU memory pools on the CUDA driver's virtual memory API.
+ *
+ * sop mirrors the driver's stream-ordered allocator (cuMemPoolCreate, cuMemAllocFromPoolAsync,
+ * cuMemFreeAsync, cuMemPoolTrimTo, pool attributes, access) with the driver's own types and
+ * CUresult codes: porting code from cuMemPool* / cudaMemPool* is a rename. Every call is
+ * thread-safe. Out-parameters are left untouched when a call fails, and a failed call leaves the
+ * pool as it was.
+ *
+ * Stream order. Memory returned by sop_malloc_async may be used by work enqueued on the stream
+ * after the call, or by work ordered after it through events. sop_free_async(p, s) hands the
+ * memory back in stream order: every access must be ordered before it. Memory freed on a stream
+ * is reused at once by later allocations on that same stream (their work runs after the free),
+ * and by other streams only when stream order allows it (see doc/design.md).
+ *
+ * The library loads the driver at run time (libcuda.so.1, or the library named by the
+ * environment variable SOP_DRIVER_LIBRARY), so a program linked with sop starts on a machine
+ * with no driver; its calls then return CUDA_ERROR_NOT_INITIALIZED or CUDA_ERROR_NO_DEVICE.
+ */
+#ifndef SOP_H
+#define SOP_H
+
+#include <stddef.h>
+#include <cuda.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SOP_VERSION_MAJOR 0
+#define SOP_VERSION_MINOR 1
+#define SOP_VERSION_PATCH 0
+
+/* A pool of device memory; mirrors cudaMemPool_t. Opaque; may be shared by threads. */
+typedef struct sop_pool *sop_pool_t;
+
+/* ---- Pools ------------------------------------------------------------------------------ */
+
+/* Create a pool. props->allocType must be CU_MEM_ALLOCATION_TYPE_PINNED and props->location a
+ * device (CU_MEM_LOCATION_TYPE_DEVICE, a valid ordinal); handleTypes may be
+ * CU_MEM_HANDLE_TYPE_NONE or CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; win32SecurityAttributes,
+ * usage and reserved must be zero. maxSize caps the physical memory the pool may hold (0: the
+ * device's memory); it is rounded up to the allocation granularity.
+ * Returns CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE (bad props or pool NULL),
+ * CUDA_ERROR_NOT_SUPPORTED (a location or type sop does not handle, see doc/differences.md),
+ * CUDA_ERROR_OUT_OF_MEMORY, or the driver's code. */
+CUresult sop_pool_create(sop_pool_t *pool, const CUmemPoolProps *props);
+
+/* Destroy a pool. Returns at once. Allocations still live stay valid until freed, and the pool's
+ * memory is returned once the last of them is freed and its free has completed. If the pool is
+ * the current pool of its device, the device's default pool becomes current again.
+ * Returns CUDA_SUCCESS or CUDA_ERROR_INVALID_VALUE (NULL or a default pool). */
+CUresult sop_pool_destroy(sop_pool_t pool);
+
+/* Pool attributes, with the driver's types: int for the three REUSE_* policies (default 1),
+ * cuuint64_t for RELEASE_THRESHOLD (default 0), RESERVED_MEM_CURRENT/HIGH and
+ * USED_MEM_CURRENT/HIGH. The *_CURRENT attributes are read-only; a *_HIGH attribute accepts only
+ * 0, which resets the watermark to the current value. Used memory counts the exact requested
+ * bytes of live allocations and drops at the free call; reserved memory is the physical memory
+ * the pool holds. Returns CUDA_SUCCESS or CUDA_ERROR_INVALID_VALUE (NULL argument, unknown
+ * attribute, read-only attribute, non-zero watermark write). */
+CUresult sop_pool_set_attr(sop_pool_t pool, CUmemPool_attribute attr, void *value);
+CUresult sop_pool_get_attr(sop_pool_t pool, CUmemPool_attribute attr, void *value);
+
+/* Release physical memory that no allocation and no pending free uses, while the pool holds
+ * more than min_bytes_to_keep; the pool keeps at least min_bytes_to_keep if it held that much.
+ * Frees whose completion sop has not observed (at a sop_*_synchronize call) count as in use.
+ * Returns CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE or the driver's code. */
+CUresult sop_trim_to(sop_pool_t pool, size_t min_bytes_to_keep);
+
+/* Grant or revoke other devices' access to every allocation of the pool, past and future.
+ * The owning device always has read-write access: granting it is a no-op, revoking it gives
+ * CUDA_ERROR_INVALID_DEVICE. Read-only access and host locations give CUDA_ERROR_NOT_SUPPORTED;
+ * a device that does not exist or cannot access the owner's memory gives
+ * CUDA_ERROR_INVALID_DEVICE. Either every descriptor applies or none does. count 0 succeeds. */
+CUresult sop_pool_set_access(sop_pool_t pool, const CUmemAccessDesc *map, size_t count);
+CUresult sop_pool_get_access(CUmemAccess_flags *flags, sop_pool_t pool, CUmemLocation *location);
+
+/* ---- Default and current pools ---------------------------------------------------------- */
+
+/* The device's default pool, created on first use: cannot be destroyed. */
+CUresult sop_device_get_default_pool(sop_pool_t *pool, CUdevice device);
+/* Make pool (which must be located on device) the pool sop_malloc_async uses for streams of
+ * device. Returns CUDA_ERROR_INVALID_DEVICE for a bad ordinal, CUDA_ERROR_INVALID_VALUE for a
+ * pool of another device. */
+CUresult sop_device_set_pool(CUdevice device, sop_pool_t pool);
+/* The last pool set for device, else its default pool. */
+CUresult sop_device_get_pool(sop_pool_t *pool, CUdevice device);
+
+/* ---- Allocation ------------------------------------------------------------------------- */
+
+/* Allocate size bytes from the current pool of the stream's device, in stream order. The
+ * pointer is valid when this returns; the memory may be touched by work enqueued on stream after
+ * this call, or by work ordered after it through events. Size 0 gives NULL and success. Any
+ * stream the driver accepts works, including NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD.
+ * Returns CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE (ptr NULL), CUDA_ERROR_OUT_OF_MEMORY (the pool
+ * is at its maxSize or the device is full; never blocks), CUDA_ERROR_INVALID_CONTEXT (a special
+ * stream with no current context) or the driver's code. */
+CUresult sop_malloc_async(void **ptr, size_t size, CUstream stream);
+
+/* As sop_malloc_async, from pool, which may be located on another device than stream's. */
+CUresult sop_malloc_from_pool_async(void **ptr, size_t size, sop_pool_t pool, CUstream stream);
+
+/* Free ptr in stream order: all accesses to it must be ordered before this call's position in
+ * stream. The memory is reusable at once by later allocations on stream. Freeing NULL succeeds.
+ * A pointer that is not the start of a live sop allocation (double free, interior or foreign
+ * pointer) gives CUDA_ERROR_INVALID_VALUE and changes nothing. */
+CUresult sop_free_async(void *ptr, CUstream stream);
+
+/* Free ptr at once, like cuMemFree on pool memory: the caller guarantees that every access has
+ * completed. The memory is reusable by any stream as soon as this returns. */
+CUresult sop_free(void *ptr);
+
+/* The pool that ptr (any address inside a live allocation) came from. */
+CUresult sop_pointer_get_pool(sop_pool_t *pool, const void *ptr);
+
+/* ---- Synchronization points ------------------------------------------------------------- */
+
+/* Wrappers of cuEventRecord, cuStreamWaitEvent, cuStreamSynchronize, cuEventSynchronize and
+ * cuCtxSynchronize. They do what the driver call does and return its code; in addition, the
+ * synchronize calls are the points where sop learns that frees have completed: frees enqueued
+ * on the synchronized stream (or every stream of the current context) before the call become
+ * reusable by every stream, and the pools concerned release physical memory above their release
+ * threshold. Driver calls made directly are invisible to sop. */
+CUresult sop_event_record(CUevent event, CUstream stream);
+CUresult sop_stream_wait_event(CUstream stream, CUevent event, unsigned int flags);
+CUresult sop_stream_synchronize(CUstream stream);
+CUresult sop_event_synchronize(CUevent event);
+CUresult sop_ctx_synchronize(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SOP_H */

@@ -1,0 +1,122 @@
+/* check.c - sop__pool_check: walk every structure of a pool and check its invariants.
+ *
+ * Tests call it after every operation; it is the definition of a consistent pool:
+ *  - segments are in address order, inside the reservation, not overlapping, and add up to the
+ *    reserved statistic;
+ *  - blocks tile each segment exactly, with consistent neighbour links, 512-byte sizes, tags that
+ *    match their address, and a map entry at their start;
+ *  - no two FREE blocks are neighbours (the heap merges them);
+ *  - the heap holds exactly the FREE blocks, each stream cache exactly the CACHED blocks of that
+ *    stream, every block in the list its size maps to, and the bitmaps say which lists are
+ *    non-empty;
+ *  - used memory is the sum of the requested bytes of ALLOC blocks; the watermarks are at least
+ *    the current values.
+ */
+#include "internal.h"
+
+#define CHECK(cond)                                                                                \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			line = __LINE__;                                                           \
+			goto out;                                                                  \
+		}                                                                                  \
+	} while (0)
+
+/* Check one set of bins; every block in it must satisfy want_state (and owner, if given).
+ * Returns 0 or the failing line. */
+static int
+bins_check(struct sop__bins *bins, enum sop__state want_state, struct sop__sstream *owner)
+{
+	size_t n = 0, bytes = 0;
+	unsigned fl, sl, bfl, bsl;
+	struct sop__block *b;
+	int line = 0;
+
+	for (fl = 0; fl < SOP_FL_COUNT; fl++) {
+		CHECK(!!(bins->fl_bitmap >> fl & 1) == !!bins->sl_bitmap[fl]);
+		for (sl = 0; sl < SOP_SL_COUNT; sl++) {
+			CHECK(!!(bins->sl_bitmap[fl] >> sl & 1) == !!bins->head[fl][sl]);
+			for (b = bins->head[fl][sl]; b; b = b->free_next) {
+				CHECK(sop__block_state(b) == want_state);
+				CHECK(!owner || b->owner == owner);
+				sop__bins_index(b->size, &bfl, &bsl);
+				CHECK(bfl == fl && bsl == sl);
+				CHECK(!b->free_next || b->free_next->free_prev == b);
+				n++;
+				bytes += b->size;
+			}
+		}
+	}
+	CHECK(n == bins->n_blocks && bytes == bins->n_bytes);
+out:
+	return line;
+}
+
+int
+sop__pool_check(struct sop_pool *pool)
+{
+	size_t reserved = 0, n_free = 0, n_cached = 0, n_cached_streams = 0;
+	uint64_t used = 0;
+	struct sop__segment *seg, *prev_seg = NULL;
+	struct sop__sstream *ss;
+	struct sop__block *b;
+	int line = 0;
+
+	pthread_mutex_lock(&pool->lock);
+	if (atomic_load(&pool->dead))
+		goto out;
+	for (seg = pool->segments; seg; prev_seg = seg, seg = seg->next) {
+		CUdeviceptr end = seg->va;
+
+		CHECK(seg->prev == prev_seg);
+		CHECK(seg->va >= pool->va_base && seg->va + seg->size <= pool->va_base + pool->va_size);
+		CHECK(!prev_seg || prev_seg->va + prev_seg->size <= seg->va);
+		CHECK(seg->size && seg->size % pool->granularity == 0);
+		CHECK(seg->first && !seg->first->phys_prev);
+		reserved += seg->size;
+		for (b = seg->first; b; b = b->phys_next) {
+			enum sop__state st = sop__block_state(b);
+
+			CHECK(b->addr == end && b->seg == seg);
+			CHECK(b->size && b->size % SOP_ALIGN == 0);
+			CHECK(atomic_load(&b->tag) == sop__tag(b->addr, st));
+			CHECK(sop__map_get(pool, b->addr) == b);
+			CHECK(!b->phys_next || b->phys_next->phys_prev == b);
+			CHECK(st == SOP_BLOCK_FREE || st == SOP_BLOCK_ALLOC || st == SOP_BLOCK_CACHED);
+			if (st == SOP_BLOCK_FREE) {
+				CHECK(!b->phys_next || sop__block_state(b->phys_next) != SOP_BLOCK_FREE);
+				n_free++;
+			} else if (st == SOP_BLOCK_ALLOC) {
+				CHECK(b->req && b->req <= b->size);
+				used += b->req;
+			} else {
+				CHECK(b->owner && b->owner->pool == pool);
+				n_cached++;
+			}
+			end += b->size;
+		}
+		CHECK(end == seg->va + seg->size);
+	}
+	CHECK(reserved == atomic_load(&pool->reserved));
+	CHECK(reserved <= atomic_load(&pool->reserved_high));
+	CHECK(!pool->max_size || reserved <= pool->max_size);
+	CHECK(used == atomic_load(&pool->used));
+	CHECK(used <= atomic_load(&pool->used_high));
+	line = bins_check(&pool->heap, SOP_BLOCK_FREE, NULL);
+	if (line)
+		goto out;
+	CHECK(pool->heap.n_blocks == n_free);
+	for (ss = pool->streams; ss; ss = ss->next) {
+		CHECK(ss->pool == pool && ss->id);
+		sop__lock_take(&ss->lock);
+		line = bins_check(&ss->cache, SOP_BLOCK_CACHED, ss);
+		n_cached_streams += ss->cache.n_blocks;
+		sop__lock_drop(&ss->lock);
+		if (line)
+			goto out;
+	}
+	CHECK(n_cached == n_cached_streams);
+out:
+	pthread_mutex_unlock(&pool->lock);
+	return line;
+}

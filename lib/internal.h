@@ -1,0 +1,383 @@
+/* internal.h - the map of the source tree: every type shared between files and every
+ * cross-file function, grouped under the file that defines it. Nothing here is public.
+ *
+ * Files:
+ *   driver.c   the only file that calls cu*: a table of entry points loaded with dlopen
+ *   bins.c     segregated-fit free lists (TLSF): two bitmaps and 32 lists per power of two
+ *   heap.c     blocks, segments and the pool-wide heap: split, merge, grow, release
+ *   stream.c   per-stream free caches, the thread-local stream cache and the hot path
+ *   pool.c     pool objects: create, destroy, attributes, access, trim, synchronization
+ *   registry.c process-wide state: the address-to-pool table, default and current pools
+ *   check.c    sop__pool_check, the invariant walker
+ *   sop.c      public entry points: check arguments, take locks, call in
+ */
+#ifndef SOP_INTERNAL_H
+#define SOP_INTERNAL_H
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sop.h"
+
+#define SOP_API __attribute__((visibility("default")))
+
+#define SOP_LIKELY(x) __builtin_expect(!!(x), 1)
+#define SOP_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ---- Sizes ------------------------------------------------------------------------------ */
+
+/* Every block is a multiple of 512 bytes and 512-byte aligned, the driver's own spacing. */
+#define SOP_ALIGN_LOG2 9
+#define SOP_ALIGN ((size_t)1 << SOP_ALIGN_LOG2)
+/* Physical memory is added in segments of at least this much (the driver's pool grows in
+ * 32 MiB steps); larger requests get a segment of their own size. */
+#define SOP_SEGMENT_MIN ((size_t)32 << 20)
+/* Each pool reserves this many times the device's memory of virtual addresses. */
+#define SOP_VA_FACTOR 4
+/* Reservations are aligned to and sized in units of this, the registry's granule. */
+#define SOP_VA_GRANULE_LOG2 30
+/* At most 2 TiB of virtual addresses per pool: the block map's key is 32 bits of 512 B. */
+#define SOP_VA_MAX ((size_t)1 << 41)
+
+static inline size_t
+sop__round_up(size_t x, size_t to)
+{
+	return (x + to - 1) / to * to;
+}
+
+/* ---- A small spin lock for per-stream state ---------------------------------------------
+ * Held for a few dozen instructions and almost never contended (one thread per stream is the
+ * common case), so it beats a mutex; it yields when it must wait. */
+struct sop__lock {
+	atomic_int held;
+};
+
+static inline void
+sop__lock_take(struct sop__lock *l)
+{
+	while (atomic_exchange_explicit(&l->held, 1, memory_order_acquire)) {
+		while (atomic_load_explicit(&l->held, memory_order_relaxed))
+			sched_yield();
+	}
+}
+
+static inline void
+sop__lock_drop(struct sop__lock *l)
+{
+	atomic_store_explicit(&l->held, 0, memory_order_release);
+}
+
+/* ---- driver.c ---------------------------------------------------------------------------- */
+
+/* Every driver entry point sop calls. The names go through cuda.h's macros, so a member and the
+ * symbol it is loaded from are the versioned ones (cuMemGetInfo -> cuMemGetInfo_v2). */
+#define SOP_DRIVER_ENTRIES(X)                                                                      \
+	X(cuInit)                                                                                  \
+	X(cuDriverGetVersion)                                                                      \
+	X(cuGetErrorString)                                                                        \
+	X(cuDeviceGetCount)                                                                        \
+	X(cuDeviceGet)                                                                             \
+	X(cuDeviceGetAttribute)                                                                    \
+	X(cuDeviceTotalMem)                                                                        \
+	X(cuDeviceCanAccessPeer)                                                                   \
+	X(cuDevicePrimaryCtxRetain)                                                                \
+	X(cuDevicePrimaryCtxRelease)                                                               \
+	X(cuCtxGetCurrent)                                                                         \
+	X(cuCtxPushCurrent)                                                                        \
+	X(cuCtxPopCurrent)                                                                         \
+	X(cuCtxGetDevice)                                                                          \
+	X(cuCtxSynchronize)                                                                        \
+	X(cuStreamGetCtx)                                                                          \
+	X(cuStreamGetId)                                                                           \
+	X(cuStreamSynchronize)                                                                     \
+	X(cuStreamWaitEvent)                                                                       \
+	X(cuEventRecord)                                                                           \
+	X(cuEventSynchronize)                                                                      \
+	X(cuMemGetAllocationGranularity)                                                           \
+	X(cuMemAddressReserve)                                                                     \
+	X(cuMemAddressFree)                                                                        \
+	X(cuMemCreate)                                                                             \
+	X(cuMemRelease)                                                                            \
+	X(cuMemMap)                                                                                \
+	X(cuMemUnmap)                                                                              \
+	X(cuMemSetAccess)
+
+struct sop__driver {
+#define SOP_X(name) __typeof__(name) *name;
+	SOP_DRIVER_ENTRIES(SOP_X)
+#undef SOP_X
+};
+
+/* Load the driver and call cuInit once; later calls return the first call's result.
+ * CUDA_ERROR_NOT_INITIALIZED when no driver library can be loaded. */
+CUresult sop__driver_init(void);
+/* The loaded table; only valid after sop__driver_init returned CUDA_SUCCESS. */
+extern struct sop__driver sop__drv;
+/* The dlopen handle of the driver library, for tests that resolve more entry points. */
+void *sop__driver_handle(void);
+
+/* ---- bins.c ------------------------------------------------------------------------------ */
+
+#define SOP_SL_LOG2 5
+#define SOP_SL_COUNT (1 << SOP_SL_LOG2)
+/* Sizes below 2^(SL_LOG2 + ALIGN_LOG2) = 16 KiB map linearly into the first row. */
+#define SOP_FL_SHIFT (SOP_SL_LOG2 + SOP_ALIGN_LOG2)
+#define SOP_FL_COUNT 36 /* up to 2^49 bytes, the GPU's virtual address space */
+
+struct sop__block;
+
+/* Free lists indexed by size, TLSF style: finding a fit is two bit scans. */
+struct sop__bins {
+	uint64_t fl_bitmap;
+	uint32_t sl_bitmap[SOP_FL_COUNT];
+	struct sop__block *head[SOP_FL_COUNT][SOP_SL_COUNT];
+	size_t n_blocks;
+	size_t n_bytes;
+};
+
+void sop__bins_insert(struct sop__bins *bins, struct sop__block *b);
+void sop__bins_remove(struct sop__bins *bins, struct sop__block *b);
+/* A block of at least size bytes in O(1): the head of the first list whose every block fits. */
+struct sop__block *sop__bins_find(struct sop__bins *bins, size_t size);
+/* The hot path's search: a block of at least size and at most limit bytes, looking first at a
+ * few blocks of size's own list (where an equal-size block freed a moment ago sits), then at the
+ * head of the next non-empty list. NULL if none is found that cheaply. */
+struct sop__block *sop__bins_find_close(struct sop__bins *bins, size_t size, size_t limit);
+/* The list a block of this size lives in (for checks). */
+void sop__bins_index(size_t size, unsigned *fl, unsigned *sl);
+
+/* ---- heap.c ------------------------------------------------------------------------------ */
+
+enum sop__state {
+	SOP_BLOCK_DEAD = 0,   /* descriptor on the pool's spare list */
+	SOP_BLOCK_FREE = 1,   /* in the pool heap: reusable by any stream */
+	SOP_BLOCK_ALLOC = 2,  /* handed to the application */
+	SOP_BLOCK_CACHED = 3, /* freed on a stream, pending there: reusable by that stream only */
+};
+
+/* Bookkeeping for one range of device memory, kept on the host (device memory cannot hold
+ * headers). Blocks tile their segment; phys_prev/phys_next link neighbours within it. */
+struct sop__block {
+	CUdeviceptr addr;
+	size_t size;     /* multiple of SOP_ALIGN */
+	size_t req;      /* ALLOC: the requested bytes */
+	uint64_t seq;    /* CACHED: the stream's free sequence number at the free */
+	struct sop__block *phys_prev, *phys_next;
+	struct sop__block *free_prev, *free_next;
+	struct sop__segment *seg;
+	struct sop__sstream *owner; /* CACHED: the stream it is pending on */
+	/* State and address in one word, so that a free can claim a block with one compare-and-swap
+	 * that fails for a stale, reused or already freed descriptor. */
+	_Atomic uint64_t tag;
+};
+
+static inline uint64_t
+sop__tag(CUdeviceptr addr, enum sop__state state)
+{
+	return ((uint64_t)addr >> SOP_ALIGN_LOG2) << 2 | (uint64_t)state;
+}
+
+static inline enum sop__state
+sop__block_state(const struct sop__block *b)
+{
+	return (enum sop__state)(atomic_load_explicit(&b->tag, memory_order_acquire) & 3);
+}
+
+/* A run of virtual addresses backed by one physical allocation, mapped and released whole. */
+struct sop__segment {
+	CUdeviceptr va;
+	size_t size;
+	CUmemGenericAllocationHandle handle;
+	struct sop__block *first;
+	struct sop__segment *prev, *next; /* address order */
+};
+
+/* A free range of the pool's reservation, for placing new segments (growth path only). */
+struct sop__va_extent {
+	size_t off, size;
+	struct sop__va_extent *next;
+};
+
+struct sop_pool;
+
+/* Descriptors come from a per-pool slab: the heap never calls malloc per block on its paths. */
+struct sop__block *sop__block_new(struct sop_pool *pool);
+void sop__block_delete(struct sop_pool *pool, struct sop__block *b);
+
+/* The block map: the descriptor of the block starting at addr, or NULL. Lock-free to read;
+ * written under the pool lock. */
+struct sop__block *sop__map_get(struct sop_pool *pool, CUdeviceptr addr);
+void sop__map_set(struct sop_pool *pool, CUdeviceptr addr, struct sop__block *b);
+void sop__map_destroy(struct sop_pool *pool);
+
+/* Take size bytes (a multiple of SOP_ALIGN) out of a free or cached block b that has been
+ * removed from its bins; the remainder goes back where b came from. Pool lock held. */
+void sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size);
+/* Return a block to the heap as FREE, merging with FREE neighbours. Pool lock held. */
+void sop__heap_put(struct sop_pool *pool, struct sop__block *b);
+/* Map a new segment able to hold size bytes and put it in the heap. Pool lock held.
+ * CUDA_ERROR_OUT_OF_MEMORY when maxSize, the reservation or the device is exhausted. */
+CUresult sop__heap_grow(struct sop_pool *pool, size_t size);
+/* Release segments that are wholly free, largest first, while reserved > target and the
+ * release keeps reserved >= floor. Pool lock held. Stops at the first driver error and returns it. */
+CUresult sop__heap_release(struct sop_pool *pool, size_t target, size_t floor);
+/* Release everything: the pool is being torn down. */
+void sop__heap_destroy(struct sop_pool *pool);
+
+/* ---- stream.c ---------------------------------------------------------------------------- */
+
+/* A pool's view of one stream: the blocks freed on it that only it may reuse yet. The lock
+ * guards the cache, free_seq and the identity; a state whose id is 0 is retired. */
+struct sop__sstream {
+	struct sop__lock lock;
+	struct sop_pool *pool;
+	CUcontext ctx;     /* the stream's context */
+	uint64_t id;       /* cuStreamGetId: unique for the process's lifetime; 0 once retired */
+	uint64_t free_seq; /* frees on this stream so far */
+	struct sop__bins cache;
+	struct sop__sstream *next; /* pool->streams or pool->spare_streams */
+};
+
+/* A stream as the pool sees it: its state, and the id that state had when it was looked up.
+ * Operations take ss->lock and check ss->id == id before trusting the state. */
+struct sop__stream_ref {
+	struct sop__sstream *ss;
+	uint64_t id;
+};
+
+/* The stream's id and context. CUDA_ERROR_INVALID_CONTEXT for a special stream with no
+ * current context, or the driver's code for a bad handle. */
+CUresult sop__stream_identify(CUstream stream, uint64_t *id, CUcontext *ctx);
+/* Find or make the pool's state for stream; the thread-local cache makes this a few loads. */
+CUresult sop__sstream_get(struct sop_pool *pool, CUstream stream, struct sop__stream_ref *out);
+/* The pool's state for a stream id, or NULL. Pool lock held. */
+struct sop__sstream *sop__sstream_find(struct sop_pool *pool, uint64_t id);
+/* Allocation and free in stream order. */
+CUresult sop__alloc(struct sop_pool *pool, CUstream stream, size_t req, void **ptr);
+CUresult sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream);
+/* Move the cached blocks of ss freed up to seq into the heap: their frees have completed.
+ * Pool lock held. Returns the number of blocks moved. */
+size_t sop__sstream_flush(struct sop__sstream *ss, uint64_t seq);
+/* Retire the pool's empty stream states (their streams may be gone). Pool lock held. */
+void sop__sstream_retire_idle(struct sop_pool *pool);
+/* Free every stream state of a pool being torn down. */
+void sop__sstream_destroy_all(struct sop_pool *pool);
+
+/* ---- pool.c ------------------------------------------------------------------------------ */
+
+struct sop__map_leaf;
+
+struct sop_pool {
+	pthread_mutex_t lock; /* heap, segments, streams list, teardown */
+	CUmemPoolProps props;
+	CUdevice device;
+	CUcontext ctx; /* the device's primary context, retained for driver calls */
+	bool is_default;
+	atomic_bool destroyed; /* sop_pool_destroy was called; torn down once empty */
+	atomic_bool dead; /* torn down; the object stays for stale lookups */
+
+	size_t granularity;
+	size_t max_size; /* 0: no cap besides the device */
+	CUdeviceptr va_base;
+	size_t va_size;
+	struct sop__va_extent *va_free;
+	struct sop__segment *segments;
+	size_t n_segments;
+	/* Handles whose cuMemRelease failed after their range was unmapped: retried before the
+	 * next release, so that a transient failure leaks nothing. */
+	CUmemGenericAllocationHandle *orphans;
+	size_t n_orphans;
+	struct sop__bins heap;
+
+	struct sop__block *spare; /* descriptors not in use */
+	void **slabs;
+	size_t n_slabs, cap_slabs;
+	_Atomic(struct sop__block **) *map_top; /* the block map's first level */
+
+	struct sop__sstream *streams;
+	size_t n_streams;
+	struct sop__sstream *spare_streams; /* retired, kept for reuse: thread caches may name them */
+
+	CUmemAccessDesc *access; /* peers granted access, besides the owner */
+	size_t n_access;
+
+	atomic_int reuse_follow, reuse_opportunistic, reuse_internal;
+	_Atomic uint64_t release_threshold;
+	_Atomic uint64_t used, used_high;
+	_Atomic uint64_t reserved, reserved_high;
+
+	struct sop_pool *next; /* registry list */
+};
+
+/* Account for an allocation or free of req bytes. */
+static inline void
+sop__used_add(struct sop_pool *pool, uint64_t req)
+{
+	uint64_t now = atomic_fetch_add_explicit(&pool->used, req, memory_order_relaxed) + req;
+	uint64_t high = atomic_load_explicit(&pool->used_high, memory_order_relaxed);
+	while (now > high &&
+	       !atomic_compare_exchange_weak_explicit(&pool->used_high, &high, now,
+						      memory_order_relaxed, memory_order_relaxed))
+		;
+}
+
+static inline void
+sop__used_sub(struct sop_pool *pool, uint64_t req)
+{
+	atomic_fetch_sub_explicit(&pool->used, req, memory_order_relaxed);
+}
+
+CUresult sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **out);
+/* Mark destroyed and tear down if nothing is left in it. */
+void sop__pool_destroy(struct sop_pool *pool);
+/* Tear down if destroyed and empty. Pool lock held; returns true if it was torn down (the lock
+ * has then been released). */
+bool sop__pool_reap(struct sop_pool *pool);
+/* Apply the release threshold after frees became reusable. Pool lock held. */
+void sop__pool_apply_threshold(struct sop_pool *pool);
+/* The public calls' work, arguments already checked. */
+CUresult sop__pool_get_attr(struct sop_pool *pool, CUmemPool_attribute attr, void *value);
+CUresult sop__pool_set_attr(struct sop_pool *pool, CUmemPool_attribute attr, void *value);
+CUresult sop__pool_get_access(struct sop_pool *pool, const CUmemLocation *loc,
+			      CUmemAccess_flags *flags);
+CUresult sop__pool_set_access(struct sop_pool *pool, const CUmemAccessDesc *map, size_t count);
+CUresult sop__pool_trim(struct sop_pool *pool, size_t keep);
+/* Synchronize, then make the frees the synchronization covered reusable by every stream and
+ * apply the release thresholds of the pools concerned. */
+CUresult sop__sync_stream(CUstream stream);
+CUresult sop__sync_ctx(void);
+/* Push and pop the pool's context around driver calls that need one. */
+CUresult sop__pool_ctx_push(struct sop_pool *pool);
+void sop__pool_ctx_pop(struct sop_pool *pool);
+
+/* ---- registry.c -------------------------------------------------------------------------- */
+
+/* Driver init plus the process-wide tables; every public call starts here. */
+CUresult sop__init(void);
+int sop__device_count(void);
+/* Register a pool's reservation (false if the table cannot hold it), or remove it. */
+bool sop__registry_add(struct sop_pool *pool);
+void sop__registry_remove(struct sop_pool *pool);
+/* The pool whose reservation holds addr, or NULL. Lock-free. */
+struct sop_pool *sop__registry_lookup(CUdeviceptr addr);
+/* Every pool not yet torn down, in a malloc'd array (NULL, *n = 0 if none). The pools stay
+ * valid objects after the lock is dropped; callers check pool->dead under the pool lock. */
+struct sop_pool **sop__registry_snapshot(size_t *n);
+CUresult sop__default_pool(CUdevice device, struct sop_pool **out);
+CUresult sop__current_pool(CUdevice device, struct sop_pool **out);
+CUresult sop__set_current_pool(CUdevice device, struct sop_pool *pool);
+/* A pool is going away: make the default current again where it was current. */
+void sop__forget_current(struct sop_pool *pool);
+
+/* ---- check.c ----------------------------------------------------------------------------- */
+
+/* Walk every structure of the pool and check its invariants. Returns 0, or the source line of
+ * the first invariant that does not hold. Takes the pool lock; call it when no other thread is
+ * using the pool. */
+int sop__pool_check(struct sop_pool *pool);
+
+#endif /* SOP_INTERNAL_H */

@@ -1,0 +1,516 @@
+/* pool.c - pool objects: creation and teardown, attributes, peer access, trimming, and what
+ * happens at synchronization points.
+ *
+ * A pool is torn down when it has been destroyed and nothing is left in it: no live allocation
+ * and no pending free. Destroying a pool with live allocations only marks it; the last free
+ * followed by a synchronization point that covers it (or sop_free) finishes the job.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+CUresult
+sop__pool_ctx_push(struct sop_pool *pool)
+{
+	return sop__drv.cuCtxPushCurrent(pool->ctx);
+}
+
+void
+sop__pool_ctx_pop(struct sop_pool *pool)
+{
+	CUcontext popped;
+
+	(void)pool;
+	sop__drv.cuCtxPopCurrent(&popped);
+}
+
+/* ---- Creation ----------------------------------------------------------------------------- */
+
+static size_t
+pool_va_size(size_t device_mem, size_t max_size)
+{
+	size_t granule = (size_t)1 << SOP_VA_GRANULE_LOG2;
+	size_t va = device_mem * SOP_VA_FACTOR;
+
+	if (max_size && max_size * SOP_VA_FACTOR > va)
+		va = max_size * SOP_VA_FACTOR;
+	if (va > SOP_VA_MAX)
+		va = SOP_VA_MAX;
+	return sop__round_up(va, granule);
+}
+
+CUresult
+sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **out)
+{
+	CUmemAllocationProp prop = {0};
+	struct sop_pool *pool;
+	size_t total = 0;
+	CUresult r;
+
+	pool = calloc(1, sizeof *pool);
+	if (!pool)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	pool->props = *props;
+	pool->device = props->location.id;
+	pool->is_default = is_default;
+	pthread_mutex_init(&pool->lock, NULL);
+	atomic_init(&pool->reuse_follow, 1);
+	atomic_init(&pool->reuse_opportunistic, 1);
+	atomic_init(&pool->reuse_internal, 1);
+	pool->map_top = calloc((size_t)1 << 12, sizeof *pool->map_top);
+	pool->va_free = calloc(1, sizeof *pool->va_free);
+	if (!pool->map_top || !pool->va_free) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+		goto fail_host;
+	}
+
+	r = sop__drv.cuDevicePrimaryCtxRetain(&pool->ctx, pool->device);
+	if (r != CUDA_SUCCESS)
+		goto fail_host;
+	r = sop__pool_ctx_push(pool);
+	if (r != CUDA_SUCCESS)
+		goto fail_ctx;
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location = props->location;
+	prop.requestedHandleTypes = props->handleTypes;
+	r = sop__drv.cuMemGetAllocationGranularity(&pool->granularity, &prop,
+						   CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+	if (r == CUDA_SUCCESS)
+		r = sop__drv.cuDeviceTotalMem(&total, pool->device);
+	if (r == CUDA_SUCCESS) {
+		if (props->maxSize)
+			pool->max_size = sop__round_up(props->maxSize, pool->granularity);
+		pool->va_size = pool_va_size(total, pool->max_size);
+		r = sop__drv.cuMemAddressReserve(&pool->va_base, pool->va_size,
+						 (size_t)1 << SOP_VA_GRANULE_LOG2, 0, 0);
+	}
+	sop__pool_ctx_pop(pool);
+	if (r != CUDA_SUCCESS)
+		goto fail_ctx;
+	pool->va_free->off = 0;
+	pool->va_free->size = pool->va_size;
+	if (!sop__registry_add(pool)) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+		goto fail_va;
+	}
+	*out = pool;
+	return CUDA_SUCCESS;
+
+fail_va:
+	if (sop__pool_ctx_push(pool) == CUDA_SUCCESS) {
+		sop__drv.cuMemAddressFree(pool->va_base, pool->va_size);
+		sop__pool_ctx_pop(pool);
+	}
+fail_ctx:
+	sop__drv.cuDevicePrimaryCtxRelease(pool->device);
+fail_host:
+	free(pool->map_top);
+	free(pool->va_free);
+	pthread_mutex_destroy(&pool->lock);
+	free(pool);
+	return r;
+}
+
+/* ---- Teardown ----------------------------------------------------------------------------- */
+
+static bool
+pool_empty(struct sop_pool *pool)
+{
+	struct sop__sstream *ss;
+
+	if (atomic_load(&pool->used))
+		return false;
+	for (ss = pool->streams; ss; ss = ss->next)
+		if (ss->cache.n_blocks)
+			return false;
+	return true;
+}
+
+bool
+sop__pool_reap(struct sop_pool *pool)
+{
+	if (!pool->destroyed || atomic_load(&pool->dead) || !pool_empty(pool))
+		return false;
+	sop__registry_remove(pool);
+	sop__heap_destroy(pool);
+	if (sop__pool_ctx_push(pool) == CUDA_SUCCESS) {
+		sop__drv.cuMemAddressFree(pool->va_base, pool->va_size);
+		sop__pool_ctx_pop(pool);
+	}
+	sop__drv.cuDevicePrimaryCtxRelease(pool->device);
+	sop__sstream_destroy_all(pool);
+	free(pool->access);
+	pool->access = NULL;
+	pool->n_access = 0;
+	atomic_store(&pool->dead, true);
+	pthread_mutex_unlock(&pool->lock);
+	return true;
+}
+
+void
+sop__pool_destroy(struct sop_pool *pool)
+{
+	sop__forget_current(pool);
+	pthread_mutex_lock(&pool->lock);
+	pool->destroyed = true;
+	/* Memory nobody uses goes back now; the rest when its last user lets go. */
+	sop__heap_release(pool, 0, 0);
+	if (!sop__pool_reap(pool))
+		pthread_mutex_unlock(&pool->lock);
+}
+
+void
+sop__pool_apply_threshold(struct sop_pool *pool)
+{
+	uint64_t threshold = atomic_load(&pool->release_threshold);
+
+	if (pool->destroyed)
+		threshold = 0;
+	if (atomic_load(&pool->reserved) > threshold)
+		sop__heap_release(pool, threshold, 0);
+}
+
+/* ---- Attributes ----------------------------------------------------------------------------- */
+
+static atomic_int *
+reuse_attr(struct sop_pool *pool, CUmemPool_attribute attr)
+{
+	switch (attr) {
+	case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+		return &pool->reuse_follow;
+	case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+		return &pool->reuse_opportunistic;
+	case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+		return &pool->reuse_internal;
+	default:
+		return NULL;
+	}
+}
+
+CUresult
+sop__pool_get_attr(struct sop_pool *pool, CUmemPool_attribute attr, void *value)
+{
+	atomic_int *flag = reuse_attr(pool, attr);
+	cuuint64_t v;
+
+	if (flag) {
+		int i = atomic_load(flag);
+		memcpy(value, &i, sizeof i);
+		return CUDA_SUCCESS;
+	}
+	switch (attr) {
+	case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+		v = atomic_load(&pool->release_threshold);
+		break;
+	case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+		v = atomic_load(&pool->reserved);
+		break;
+	case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+		v = atomic_load(&pool->reserved_high);
+		break;
+	case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+		v = atomic_load(&pool->used);
+		break;
+	case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+		v = atomic_load(&pool->used_high);
+		break;
+	default:
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	memcpy(value, &v, sizeof v);
+	return CUDA_SUCCESS;
+}
+
+CUresult
+sop__pool_set_attr(struct sop_pool *pool, CUmemPool_attribute attr, void *value)
+{
+	atomic_int *flag = reuse_attr(pool, attr);
+	cuuint64_t v;
+	int i;
+
+	if (flag) {
+		memcpy(&i, value, sizeof i);
+		atomic_store(flag, i != 0);
+		return CUDA_SUCCESS;
+	}
+	memcpy(&v, value, sizeof v);
+	switch (attr) {
+	case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+		atomic_store(&pool->release_threshold, v);
+		return CUDA_SUCCESS;
+	case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+		if (v)
+			return CUDA_ERROR_INVALID_VALUE;
+		/* Under the lock: reserved only changes there. */
+		pthread_mutex_lock(&pool->lock);
+		atomic_store(&pool->reserved_high, atomic_load(&pool->reserved));
+		pthread_mutex_unlock(&pool->lock);
+		return CUDA_SUCCESS;
+	case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+		if (v)
+			return CUDA_ERROR_INVALID_VALUE;
+		atomic_store(&pool->used_high, atomic_load(&pool->used));
+		return CUDA_SUCCESS;
+	default:
+		/* The *_CURRENT statistics are read-only; anything else is unknown. */
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+}
+
+/* ---- Peer access ---------------------------------------------------------------------------- */
+
+static CUmemAccess_flags
+access_of(const struct sop_pool *pool, int device)
+{
+	size_t i;
+
+	if (device == pool->device)
+		return CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	for (i = 0; i < pool->n_access; i++)
+		if (pool->access[i].location.id == device)
+			return pool->access[i].flags;
+	return CU_MEM_ACCESS_FLAGS_PROT_NONE;
+}
+
+CUresult
+sop__pool_get_access(struct sop_pool *pool, const CUmemLocation *loc, CUmemAccess_flags *flags)
+{
+	if (loc->type != CU_MEM_LOCATION_TYPE_DEVICE) {
+		*flags = CU_MEM_ACCESS_FLAGS_PROT_NONE; /* the host never has access */
+		return CUDA_SUCCESS;
+	}
+	if (loc->id < 0 || loc->id >= sop__device_count())
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&pool->lock);
+	*flags = access_of(pool, loc->id);
+	pthread_mutex_unlock(&pool->lock);
+	return CUDA_SUCCESS;
+}
+
+static CUresult
+access_check(struct sop_pool *pool, const CUmemAccessDesc *d)
+{
+	int can = 0;
+	CUresult r;
+
+	if (d->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	if (d->location.id < 0 || d->location.id >= sop__device_count())
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (d->flags == CU_MEM_ACCESS_FLAGS_PROT_READ)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	if (d->flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+	    d->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (d->location.id == pool->device)
+		return d->flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? CUDA_SUCCESS
+								       : CUDA_ERROR_INVALID_DEVICE;
+	if (d->flags == CU_MEM_ACCESS_FLAGS_PROT_NONE)
+		return CUDA_SUCCESS;
+	r = sop__drv.cuDeviceCanAccessPeer(&can, d->location.id, pool->device);
+	if (r != CUDA_SUCCESS)
+		return r;
+	return can ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+CUresult
+sop__pool_set_access(struct sop_pool *pool, const CUmemAccessDesc *map, size_t count)
+{
+	size_t i, n = 1, n_next = 0, n_dev = (size_t)sop__device_count();
+	CUmemAccessDesc *next = NULL, *want = NULL, *was = NULL;
+	struct sop__segment *failed = NULL, *seg;
+	CUresult r;
+	int dev;
+
+	for (i = 0; i < count; i++) {
+		r = access_check(pool, &map[i]);
+		if (r != CUDA_SUCCESS)
+			return r;
+	}
+	next = calloc(n_dev, sizeof *next);
+	want = calloc(n_dev + 1, sizeof *want);
+	was = calloc(n_dev + 1, sizeof *was);
+	if (!next || !want || !was) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+		goto out;
+	}
+	pthread_mutex_lock(&pool->lock);
+	/* What every mapping gets: the owner, then each peer that has or had access, with the
+	 * last descriptor naming it winning. `was` is the same list as it stands now. */
+	want[0].location = pool->props.location;
+	want[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	was[0] = want[0];
+	for (dev = 0; dev < (int)n_dev; dev++) {
+		CUmemAccess_flags old = access_of(pool, dev), f = old;
+		if (dev == pool->device)
+			continue;
+		for (i = 0; i < count; i++)
+			if (map[i].location.id == dev)
+				f = map[i].flags;
+		if (f == CU_MEM_ACCESS_FLAGS_PROT_NONE && old == CU_MEM_ACCESS_FLAGS_PROT_NONE)
+			continue;
+		want[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		want[n].location.id = dev;
+		want[n].flags = f;
+		was[n] = want[n];
+		was[n].flags = old;
+		n++;
+		if (f == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+			next[n_next++] = want[n - 1];
+	}
+	r = sop__pool_ctx_push(pool);
+	if (r == CUDA_SUCCESS) {
+		for (seg = pool->segments; seg; seg = seg->next) {
+			r = sop__drv.cuMemSetAccess(seg->va, seg->size, want, n);
+			if (r != CUDA_SUCCESS) {
+				failed = seg;
+				break;
+			}
+		}
+		/* All or nothing: put back what changed before a failure. */
+		for (seg = pool->segments; failed && seg != failed; seg = seg->next)
+			sop__drv.cuMemSetAccess(seg->va, seg->size, was, n);
+		sop__pool_ctx_pop(pool);
+	}
+	if (r == CUDA_SUCCESS) {
+		free(pool->access);
+		pool->access = next;
+		pool->n_access = n_next;
+		next = NULL;
+	}
+	pthread_mutex_unlock(&pool->lock);
+out:
+	free(next);
+	free(want);
+	free(was);
+	return r;
+}
+
+/* ---- Trimming and synchronization ------------------------------------------------------------ */
+
+CUresult
+sop__pool_trim(struct sop_pool *pool, size_t keep)
+{
+	CUresult r;
+
+	pthread_mutex_lock(&pool->lock);
+	r = sop__heap_release(pool, keep, keep);
+	pthread_mutex_unlock(&pool->lock);
+	return r;
+}
+
+/* A stream's position in one pool, taken before a synchronize call. */
+struct sync_mark {
+	struct sop_pool *pool;
+	struct sop__sstream *ss;
+	uint64_t id, seq;
+};
+
+/* Note, in every pool, how far frees on the matching streams have gone: frees after the mark
+ * may still be running when the synchronize returns. match_id != 0 picks one stream;
+ * otherwise every stream of ctx. */
+static struct sync_mark *
+sync_marks(uint64_t match_id, CUcontext ctx, size_t *n)
+{
+	struct sop_pool **pools;
+	struct sync_mark *marks = NULL;
+	size_t n_pools, i, k = 0, cap = 0;
+
+	pools = sop__registry_snapshot(&n_pools);
+	for (i = 0; i < n_pools; i++) {
+		struct sop_pool *pool = pools[i];
+		struct sop__sstream *ss;
+
+		pthread_mutex_lock(&pool->lock);
+		for (ss = atomic_load(&pool->dead) ? NULL : pool->streams; ss; ss = ss->next) {
+			if (match_id ? ss->id != match_id : ss->ctx != ctx)
+				continue;
+			if (k == cap) {
+				size_t c = cap ? cap * 2 : 8;
+				struct sync_mark *m = realloc(marks, c * sizeof *m);
+				if (!m)
+					break; /* fewer frees become reusable: safe */
+				marks = m;
+				cap = c;
+			}
+			sop__lock_take(&ss->lock);
+			marks[k++] = (struct sync_mark){pool, ss, ss->id, ss->free_seq};
+			sop__lock_drop(&ss->lock);
+		}
+		pthread_mutex_unlock(&pool->lock);
+	}
+	free(pools);
+	*n = k;
+	return marks;
+}
+
+/* The synchronize call returned: frees up to each mark have completed. */
+static void
+sync_complete(struct sync_mark *marks, size_t n, bool retire)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		struct sop_pool *pool = marks[i].pool;
+
+		pthread_mutex_lock(&pool->lock);
+		if (!atomic_load(&pool->dead) && marks[i].ss->id == marks[i].id)
+			sop__sstream_flush(marks[i].ss, marks[i].seq);
+		/* A pool's last mark applies its threshold once. */
+		if (i + 1 < n && marks[i + 1].pool == pool) {
+			pthread_mutex_unlock(&pool->lock);
+			continue;
+		}
+		if (atomic_load(&pool->dead)) {
+			pthread_mutex_unlock(&pool->lock);
+			continue;
+		}
+		if (retire && pool->n_streams > 16)
+			sop__sstream_retire_idle(pool);
+		sop__pool_apply_threshold(pool);
+		if (!sop__pool_reap(pool))
+			pthread_mutex_unlock(&pool->lock);
+	}
+}
+
+CUresult
+sop__sync_stream(CUstream stream)
+{
+	struct sync_mark *marks;
+	CUcontext ctx;
+	uint64_t id;
+	size_t n;
+	CUresult r;
+
+	r = sop__stream_identify(stream, &id, &ctx);
+	if (r != CUDA_SUCCESS)
+		return r;
+	marks = sync_marks(id, NULL, &n);
+	r = sop__drv.cuStreamSynchronize(stream);
+	if (r == CUDA_SUCCESS)
+		sync_complete(marks, n, false);
+	free(marks);
+	return r;
+}
+
+CUresult
+sop__sync_ctx(void)
+{
+	struct sync_mark *marks;
+	CUcontext ctx = NULL;
+	size_t n;
+	CUresult r;
+
+	r = sop__drv.cuCtxGetCurrent(&ctx);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!ctx)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	marks = sync_marks(0, ctx, &n);
+	r = sop__drv.cuCtxSynchronize();
+	if (r == CUDA_SUCCESS)
+		sync_complete(marks, n, true);
+	free(marks);
+	return r;
+}

@@ -1,0 +1,238 @@
+/* registry.c - process-wide state: driver initialisation, the device list, the table that maps
+ * an address to its pool, and each device's default and current pool.
+ *
+ * A free names only a pointer, so sop must find the pool from the address alone, on every
+ * thread, without a lock: each pool reserves its addresses in whole gigabytes, and a two-level
+ * table indexed by address / 1 GiB holds the owning pool (atomic loads to read, a lock to
+ * write). Pool objects are never returned to libc once created: a thread that read a stale
+ * pointer from this table or from its stream cache still reads a valid object, marked dead.
+ *
+ * Locks, in the order they may be taken: dev_lock, then a pool's lock, then reg_lock.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define REG_LEAF_LOG2 10
+#define REG_TOP_LOG2 (49 - SOP_VA_GRANULE_LOG2 - REG_LEAF_LOG2)
+#define REG_LEAF (1u << REG_LEAF_LOG2)
+
+typedef _Atomic(struct sop_pool *) reg_slot;
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic(reg_slot *) reg_top[1u << REG_TOP_LOG2];
+static struct sop_pool *live_pools; /* not torn down */
+static struct sop_pool *graveyard;  /* torn down, kept for stale readers */
+
+static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
+static int n_devices;
+/* Read without the lock on every sop_malloc_async; written under dev_lock. */
+static _Atomic(struct sop_pool *) *default_pools;
+static _Atomic(struct sop_pool *) *current_pools;
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static CUresult init_status;
+
+static void
+init_run(void)
+{
+	int n = 0;
+
+	init_status = sop__driver_init();
+	if (init_status != CUDA_SUCCESS)
+		return;
+	init_status = sop__drv.cuDeviceGetCount(&n);
+	if (init_status == CUDA_SUCCESS && n <= 0)
+		init_status = CUDA_ERROR_NO_DEVICE;
+	if (init_status != CUDA_SUCCESS)
+		return;
+	default_pools = calloc((size_t)n, sizeof *default_pools);
+	current_pools = calloc((size_t)n, sizeof *current_pools);
+	if (!default_pools || !current_pools) {
+		free(default_pools);
+		free(current_pools);
+		init_status = CUDA_ERROR_OUT_OF_MEMORY;
+		return;
+	}
+	n_devices = n;
+}
+
+CUresult
+sop__init(void)
+{
+	pthread_once(&init_once, init_run);
+	return init_status;
+}
+
+int
+sop__device_count(void)
+{
+	return n_devices;
+}
+
+/* ---- Address table ------------------------------------------------------------------------ */
+
+static reg_slot *
+reg_slot_of(CUdeviceptr addr, bool create)
+{
+	uint64_t g = (uint64_t)addr >> SOP_VA_GRANULE_LOG2;
+	uint64_t t = g >> REG_LEAF_LOG2;
+	reg_slot *leaf;
+
+	if (t >= (1u << REG_TOP_LOG2))
+		return NULL;
+	leaf = atomic_load_explicit(&reg_top[t], memory_order_acquire);
+	if (!leaf) {
+		if (!create)
+			return NULL;
+		leaf = calloc(REG_LEAF, sizeof *leaf);
+		if (!leaf)
+			return NULL;
+		atomic_store_explicit(&reg_top[t], leaf, memory_order_release);
+	}
+	return &leaf[g & (REG_LEAF - 1)];
+}
+
+/* Fails (false) only for an address beyond the table or for lack of host memory. */
+bool
+sop__registry_add(struct sop_pool *pool)
+{
+	CUdeviceptr a, end = pool->va_base + pool->va_size;
+	bool ok = true;
+
+	pthread_mutex_lock(&reg_lock);
+	for (a = pool->va_base; a < end; a += (CUdeviceptr)1 << SOP_VA_GRANULE_LOG2) {
+		if (!reg_slot_of(a, true)) {
+			ok = false;
+			break;
+		}
+	}
+	if (ok) {
+		for (a = pool->va_base; a < end; a += (CUdeviceptr)1 << SOP_VA_GRANULE_LOG2)
+			atomic_store_explicit(reg_slot_of(a, false), pool, memory_order_release);
+		pool->next = live_pools;
+		live_pools = pool;
+	}
+	pthread_mutex_unlock(&reg_lock);
+	return ok;
+}
+
+void
+sop__registry_remove(struct sop_pool *pool)
+{
+	CUdeviceptr a, end = pool->va_base + pool->va_size;
+	struct sop_pool **pp;
+
+	pthread_mutex_lock(&reg_lock);
+	for (a = pool->va_base; a < end; a += (CUdeviceptr)1 << SOP_VA_GRANULE_LOG2)
+		atomic_store_explicit(reg_slot_of(a, false), NULL, memory_order_release);
+	for (pp = &live_pools; *pp; pp = &(*pp)->next) {
+		if (*pp == pool) {
+			*pp = pool->next;
+			break;
+		}
+	}
+	pool->next = graveyard;
+	graveyard = pool;
+	pthread_mutex_unlock(&reg_lock);
+}
+
+struct sop_pool *
+sop__registry_lookup(CUdeviceptr addr)
+{
+	reg_slot *slot = reg_slot_of(addr, false);
+
+	return slot ? atomic_load_explicit(slot, memory_order_acquire) : NULL;
+}
+
+struct sop_pool **
+sop__registry_snapshot(size_t *n)
+{
+	struct sop_pool **v = NULL, *p;
+	size_t k = 0, cnt = 0;
+
+	pthread_mutex_lock(&reg_lock);
+	for (p = live_pools; p; p = p->next)
+		cnt++;
+	if (cnt)
+		v = malloc(cnt * sizeof *v);
+	if (v)
+		for (p = live_pools; p; p = p->next)
+			v[k++] = p;
+	pthread_mutex_unlock(&reg_lock);
+	*n = k;
+	return v;
+}
+
+/* ---- Default and current pools ------------------------------------------------------------ */
+
+CUresult
+sop__default_pool(CUdevice device, struct sop_pool **out)
+{
+	struct sop_pool *p;
+	CUresult r = CUDA_SUCCESS;
+
+	if (device < 0 || device >= n_devices)
+		return CUDA_ERROR_INVALID_DEVICE;
+	p = atomic_load_explicit(&default_pools[device], memory_order_acquire);
+	if (SOP_LIKELY(p != NULL)) {
+		*out = p;
+		return CUDA_SUCCESS;
+	}
+	pthread_mutex_lock(&dev_lock);
+	p = atomic_load_explicit(&default_pools[device], memory_order_relaxed);
+	if (!p) {
+		CUmemPoolProps props;
+		memset(&props, 0, sizeof props);
+		props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+		props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		props.location.id = device;
+		r = sop__pool_new(&props, true, &p);
+		if (r == CUDA_SUCCESS)
+			atomic_store_explicit(&default_pools[device], p, memory_order_release);
+	}
+	pthread_mutex_unlock(&dev_lock);
+	if (r == CUDA_SUCCESS)
+		*out = p;
+	return r;
+}
+
+CUresult
+sop__current_pool(CUdevice device, struct sop_pool **out)
+{
+	struct sop_pool *p;
+
+	if (device < 0 || device >= n_devices)
+		return CUDA_ERROR_INVALID_DEVICE;
+	p = atomic_load_explicit(&current_pools[device], memory_order_acquire);
+	if (p) {
+		*out = p;
+		return CUDA_SUCCESS;
+	}
+	return sop__default_pool(device, out);
+}
+
+CUresult
+sop__set_current_pool(CUdevice device, struct sop_pool *pool)
+{
+	if (device < 0 || device >= n_devices)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (pool->device != device)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&dev_lock);
+	atomic_store_explicit(&current_pools[device], pool->is_default ? NULL : pool,
+			      memory_order_release);
+	pthread_mutex_unlock(&dev_lock);
+	return CUDA_SUCCESS;
+}
+
+void
+sop__forget_current(struct sop_pool *pool)
+{
+	pthread_mutex_lock(&dev_lock);
+	if (pool->device >= 0 && pool->device < n_devices &&
+	    atomic_load(&current_pools[pool->device]) == pool)
+		atomic_store(&current_pools[pool->device], NULL);
+	pthread_mutex_unlock(&dev_lock);
+}

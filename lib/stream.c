@@ -1,0 +1,467 @@
+/* stream.c - stream-ordered free caches and the hot path.
+ *
+ * Each pool keeps, per stream, the blocks freed on that stream whose frees have not been seen
+ * to complete. Work enqueued on the stream later runs after the free, so the stream itself may
+ * reuse them at once: a same-stream free and allocation is a push and a pop on the stream's
+ * bins under the stream's own lock, with no driver call and no pool-wide lock. Other streams
+ * get these blocks only when the frees are known complete (sop__sstream_flush, at
+ * synchronization points).
+ *
+ * A thread finds the pool's state for a stream through a small thread-local cache keyed by
+ * (pool, handle, context), so the driver is asked for the stream's id and context only the first
+ * time a thread uses a stream with a pool. Special handles (NULL, CU_STREAM_LEGACY,
+ * CU_STREAM_PER_THREAD) name different streams in different contexts: for them the current
+ * context is part of the key, which costs one cuCtxGetCurrent per call.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- Identity --------------------------------------------------------------------------- */
+
+static inline bool
+stream_special(CUstream s)
+{
+	return (uintptr_t)s <= (uintptr_t)CU_STREAM_PER_THREAD;
+}
+
+CUresult
+sop__stream_identify(CUstream stream, uint64_t *id, CUcontext *ctx)
+{
+	CUresult r;
+
+	if (stream_special(stream)) {
+		CUcontext cur = NULL;
+		r = sop__drv.cuCtxGetCurrent(&cur);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (!cur)
+			return CUDA_ERROR_INVALID_CONTEXT;
+	}
+	r = sop__drv.cuStreamGetCtx(stream, ctx);
+	if (r != CUDA_SUCCESS)
+		return r;
+	return sop__drv.cuStreamGetId(stream, (unsigned long long *)id);
+}
+
+/* ---- Stream states ---------------------------------------------------------------------- */
+
+struct sop__sstream *
+sop__sstream_find(struct sop_pool *pool, uint64_t id)
+{
+	struct sop__sstream *ss;
+
+	for (ss = pool->streams; ss; ss = ss->next)
+		if (ss->id == id)
+			return ss;
+	return NULL;
+}
+
+static struct sop__sstream *
+sstream_new(struct sop_pool *pool, uint64_t id, CUcontext ctx)
+{
+	struct sop__sstream *ss = pool->spare_streams;
+
+	if (ss) {
+		pool->spare_streams = ss->next;
+	} else {
+		ss = calloc(1, sizeof *ss);
+		if (!ss)
+			return NULL;
+	}
+	sop__lock_take(&ss->lock);
+	ss->pool = pool;
+	ss->ctx = ctx;
+	ss->id = id;
+	ss->free_seq = 0;
+	sop__lock_drop(&ss->lock);
+	ss->next = pool->streams;
+	pool->streams = ss;
+	pool->n_streams++;
+	return ss;
+}
+
+/* Thread-local cache of recently used stream states. A stale entry is harmless: users take the
+ * state's lock and compare its id with the entry's before trusting it. */
+#define TLS_WAYS 16
+
+struct tls_entry {
+	struct sop_pool *pool;
+	CUstream handle;
+	CUcontext ctx; /* current context, for special handles only */
+	struct sop__stream_ref ref;
+};
+
+static _Thread_local struct tls_entry tls_cache[TLS_WAYS];
+
+static inline unsigned
+tls_slot(struct sop_pool *pool, CUstream stream)
+{
+	uintptr_t h = (uintptr_t)pool ^ ((uintptr_t)stream * 0x9E3779B97F4A7C15u);
+
+	return (unsigned)(h >> 7 ^ h >> 17) & (TLS_WAYS - 1);
+}
+
+static CUresult
+sstream_lookup(struct sop_pool *pool, CUstream stream, struct sop__stream_ref *out)
+{
+	struct sop__sstream *ss;
+	CUcontext ctx;
+	uint64_t id;
+	CUresult r;
+
+	r = sop__stream_identify(stream, &id, &ctx);
+	if (r != CUDA_SUCCESS)
+		return r;
+	pthread_mutex_lock(&pool->lock);
+	ss = sop__sstream_find(pool, id);
+	if (!ss)
+		ss = sstream_new(pool, id, ctx);
+	pthread_mutex_unlock(&pool->lock);
+	if (!ss)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	out->ss = ss;
+	out->id = id;
+	return CUDA_SUCCESS;
+}
+
+CUresult
+sop__sstream_get(struct sop_pool *pool, CUstream stream, struct sop__stream_ref *out)
+{
+	struct tls_entry *e = &tls_cache[tls_slot(pool, stream)];
+	CUcontext cur = NULL;
+	CUresult r;
+
+	if (stream_special(stream)) {
+		r = sop__drv.cuCtxGetCurrent(&cur);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (!cur)
+			return CUDA_ERROR_INVALID_CONTEXT;
+	}
+	if (SOP_LIKELY(e->pool == pool && e->handle == stream && e->ctx == cur && e->ref.ss)) {
+		*out = e->ref;
+		return CUDA_SUCCESS;
+	}
+	r = sstream_lookup(pool, stream, out);
+	if (r != CUDA_SUCCESS)
+		return r;
+	e->pool = pool;
+	e->handle = stream;
+	e->ctx = cur;
+	e->ref = *out;
+	return CUDA_SUCCESS;
+}
+
+/* Forget the thread's entry for (pool, stream) after it proved stale. */
+static void
+tls_drop(struct sop_pool *pool, CUstream stream)
+{
+	struct tls_entry *e = &tls_cache[tls_slot(pool, stream)];
+
+	if (e->pool == pool && e->handle == stream)
+		e->ref.ss = NULL;
+}
+
+/* Every cached block of a stream, gathered so the caller may change the bins while it walks.
+ * Lock held. NULL with *n = 0 when there is none or no host memory (callers then do less). */
+static struct sop__block **
+cache_collect(struct sop__sstream *ss, size_t *n)
+{
+	struct sop__block **v, *b;
+	unsigned fl, sl;
+	size_t k = 0;
+
+	*n = 0;
+	if (!ss->cache.n_blocks)
+		return NULL;
+	v = malloc(ss->cache.n_blocks * sizeof *v);
+	if (!v)
+		return NULL;
+	for (fl = 0; fl < SOP_FL_COUNT; fl++) {
+		if (!(ss->cache.fl_bitmap >> fl & 1))
+			continue;
+		for (sl = 0; sl < SOP_SL_COUNT; sl++)
+			for (b = ss->cache.head[fl][sl]; b; b = b->free_next)
+				v[k++] = b;
+	}
+	*n = k;
+	return v;
+}
+
+size_t
+sop__sstream_flush(struct sop__sstream *ss, uint64_t seq)
+{
+	struct sop_pool *pool = ss->pool;
+	struct sop__block **v;
+	size_t n, i, moved = 0;
+
+	sop__lock_take(&ss->lock);
+	v = cache_collect(ss, &n);
+	for (i = 0; i < n; i++) {
+		if (v[i]->seq > seq)
+			continue;
+		sop__bins_remove(&ss->cache, v[i]);
+		/* heap_put may merge v[i] into a FREE neighbour; no other entry of v is FREE. */
+		sop__heap_put(pool, v[i]);
+		moved++;
+	}
+	sop__lock_drop(&ss->lock);
+	free(v);
+	return moved;
+}
+
+void
+sop__sstream_retire_idle(struct sop_pool *pool)
+{
+	struct sop__sstream **pp = &pool->streams, *ss;
+
+	while ((ss = *pp)) {
+		sop__lock_take(&ss->lock);
+		if (ss->cache.n_blocks) {
+			sop__lock_drop(&ss->lock);
+			pp = &ss->next;
+			continue;
+		}
+		ss->id = 0;
+		sop__lock_drop(&ss->lock);
+		*pp = ss->next;
+		pool->n_streams--;
+		ss->next = pool->spare_streams;
+		pool->spare_streams = ss;
+	}
+}
+
+void
+sop__sstream_destroy_all(struct sop_pool *pool)
+{
+	struct sop__sstream *ss;
+
+	while ((ss = pool->streams)) {
+		pool->streams = ss->next;
+		free(ss);
+	}
+	while ((ss = pool->spare_streams)) {
+		pool->spare_streams = ss->next;
+		free(ss);
+	}
+	pool->n_streams = 0;
+}
+
+/* ---- Allocation ------------------------------------------------------------------------- */
+
+static void
+block_hand_out(struct sop_pool *pool, struct sop__block *b, size_t req, void **ptr)
+{
+	b->req = req;
+	b->owner = NULL;
+	atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_ALLOC), memory_order_release);
+	sop__used_add(pool, req);
+	*ptr = (void *)(uintptr_t)b->addr;
+}
+
+/* Merge each of the stream's cached blocks with neighbours that the stream may also use (FREE,
+ * or cached on the same stream), so that scattered pieces can serve a larger request. The merged
+ * block stays cached on the stream with the latest free among its parts. Pool and stream locks
+ * held. */
+static void
+cache_coalesce(struct sop_pool *pool, struct sop__sstream *ss)
+{
+	struct sop__block **v, *b, *n;
+	size_t cnt, i;
+
+	v = cache_collect(ss, &cnt);
+	for (i = 0; i < cnt; i++) {
+		b = v[i];
+		if (sop__block_state(b) != SOP_BLOCK_CACHED || b->owner != ss)
+			continue; /* absorbed by an earlier one */
+		sop__bins_remove(&ss->cache, b);
+		while (b->phys_prev && (sop__block_state(b->phys_prev) == SOP_BLOCK_FREE ||
+					(sop__block_state(b->phys_prev) == SOP_BLOCK_CACHED &&
+					 b->phys_prev->owner == ss)))
+			b = b->phys_prev;
+		if (b != v[i]) {
+			/* b is the run's first block: it becomes the merged block. */
+			if (sop__block_state(b) == SOP_BLOCK_FREE)
+				sop__bins_remove(&pool->heap, b);
+			else
+				sop__bins_remove(&ss->cache, b);
+			atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_CACHED),
+					      memory_order_release);
+			b->owner = ss;
+			b->seq = b->seq > v[i]->seq ? b->seq : v[i]->seq;
+			/* Put v[i] back so the loop below absorbs it like any neighbour. */
+			sop__bins_insert(&ss->cache, v[i]);
+		}
+		while ((n = b->phys_next) && (sop__block_state(n) == SOP_BLOCK_FREE ||
+					      (sop__block_state(n) == SOP_BLOCK_CACHED && n->owner == ss))) {
+			if (sop__block_state(n) == SOP_BLOCK_FREE) {
+				sop__bins_remove(&pool->heap, n);
+			} else {
+				sop__bins_remove(&ss->cache, n);
+				if (n->seq > b->seq)
+					b->seq = n->seq;
+			}
+			b->size += n->size;
+			b->phys_next = n->phys_next;
+			if (n->phys_next)
+				n->phys_next->phys_prev = b;
+			sop__map_set(pool, n->addr, NULL);
+			sop__block_delete(pool, n);
+		}
+		sop__bins_insert(&ss->cache, b);
+	}
+	free(v);
+}
+
+/* Take a block of size bytes from bins (the stream's cache or the heap), carve it, hand it out.
+ * Pool lock held; stream lock held when bins is the cache. */
+static struct sop__block *
+bins_take(struct sop__bins *bins, size_t size)
+{
+	struct sop__block *b = sop__bins_find(bins, size);
+
+	if (b)
+		sop__bins_remove(bins, b);
+	return b;
+}
+
+static CUresult
+alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, size_t size, size_t req,
+	   void **ptr)
+{
+	struct sop__block *b = NULL;
+	CUresult r = CUDA_SUCCESS;
+	bool stale = false;
+
+	pthread_mutex_lock(&pool->lock);
+	/* 1. What this stream freed: safe for it whatever else is pending. */
+	sop__lock_take(&ss->lock);
+	if (ss->id != id)
+		stale = true;
+	else if (!(b = bins_take(&ss->cache, size)) && ss->cache.n_bytes >= size) {
+		/* 2. The stream's pieces joined with free neighbours. */
+		cache_coalesce(pool, ss);
+		b = bins_take(&ss->cache, size);
+	}
+	sop__lock_drop(&ss->lock);
+	if (stale) {
+		pthread_mutex_unlock(&pool->lock);
+		return CUDA_ERROR_NOT_FOUND; /* caller looks the stream up again */
+	}
+	/* 3. Memory every stream may use. */
+	if (!b)
+		b = bins_take(&pool->heap, size);
+	/* 4. More physical memory. */
+	if (!b) {
+		r = sop__heap_grow(pool, size);
+		if (r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reserved)) {
+			/* 5. Idle segments given back to make room for one that fits. */
+			if (sop__heap_release(pool, 0, 0) == CUDA_SUCCESS)
+				r = sop__heap_grow(pool, size);
+		}
+		if (r == CUDA_SUCCESS)
+			b = bins_take(&pool->heap, size);
+	}
+	if (b) {
+		sop__block_carve(pool, b, size);
+		block_hand_out(pool, b, req, ptr);
+		r = CUDA_SUCCESS;
+	} else if (r == CUDA_SUCCESS) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	pthread_mutex_unlock(&pool->lock);
+	return r;
+}
+
+/* Accept a cached block on the hot path if it wastes at most an eighth of the request; larger
+ * ones are carved on the slow path. */
+static inline size_t
+close_limit(size_t size)
+{
+	return size + (size >> 3);
+}
+
+CUresult
+sop__alloc(struct sop_pool *pool, CUstream stream, size_t req, void **ptr)
+{
+	size_t size = sop__round_up(req, SOP_ALIGN);
+	struct sop__stream_ref ref;
+	struct sop__sstream *ss;
+	struct sop__block *b = NULL;
+	CUresult r;
+	int tries;
+
+	if (size < req || size > pool->va_size)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	for (tries = 0; tries < 2; tries++) {
+		r = sop__sstream_get(pool, stream, &ref);
+		if (r != CUDA_SUCCESS)
+			return r;
+		ss = ref.ss;
+		sop__lock_take(&ss->lock);
+		if (SOP_LIKELY(ss->id == ref.id)) {
+			b = sop__bins_find_close(&ss->cache, size, close_limit(size));
+			if (b) {
+				sop__bins_remove(&ss->cache, b);
+				/* Out of the cache and ALLOC under the lock: a coalescing thread
+				 * must never see a CACHED block that is in no bin. */
+				block_hand_out(pool, b, req, ptr);
+				sop__lock_drop(&ss->lock);
+				return CUDA_SUCCESS;
+			}
+			sop__lock_drop(&ss->lock);
+			r = alloc_slow(pool, ss, ref.id, size, req, ptr);
+			if (r != CUDA_ERROR_NOT_FOUND)
+				return r;
+		} else {
+			sop__lock_drop(&ss->lock);
+		}
+		tls_drop(pool, stream);
+	}
+	return CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult
+sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
+{
+	const uint64_t alloc_tag = sop__tag(addr, SOP_BLOCK_ALLOC);
+	struct sop__block *b = sop__map_get(pool, addr);
+	struct sop__stream_ref ref;
+	struct sop__sstream *ss;
+	CUresult r;
+	int tries;
+
+	if (!b || atomic_load_explicit(&b->tag, memory_order_acquire) != alloc_tag)
+		return CUDA_ERROR_INVALID_VALUE;
+	/* Resolve the stream before claiming: a bad stream leaves the block allocated. */
+	for (tries = 0; tries < 2; tries++) {
+		r = sop__sstream_get(pool, stream, &ref);
+		if (r != CUDA_SUCCESS)
+			return r;
+		ss = ref.ss;
+		sop__lock_take(&ss->lock);
+		if (SOP_LIKELY(ss->id == ref.id)) {
+			uint64_t expect = alloc_tag;
+			/* The claim: exactly one of racing frees of the same pointer wins, and a
+			 * descriptor reused for another address never matches. */
+			if (!atomic_compare_exchange_strong_explicit(
+				    &b->tag, &expect, sop__tag(addr, SOP_BLOCK_CACHED),
+				    memory_order_acq_rel, memory_order_acquire)) {
+				sop__lock_drop(&ss->lock);
+				return CUDA_ERROR_INVALID_VALUE;
+			}
+			sop__used_sub(pool, b->req);
+			b->req = 0;
+			b->owner = ss;
+			b->seq = ++ss->free_seq;
+			sop__bins_insert(&ss->cache, b);
+			sop__lock_drop(&ss->lock);
+			return CUDA_SUCCESS;
+		}
+		sop__lock_drop(&ss->lock);
+		tls_drop(pool, stream);
+	}
+	return CUDA_ERROR_NOT_FOUND;
+}

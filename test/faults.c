@@ -1,0 +1,297 @@
+/* faults.c - fault injection at every driver call of pool creation, growth, trimming,
+ * synchronization and destruction, the SQLite way: for n = 1, 2, ... fail the n-th call of one
+ * entry point until the operation gets through without reaching it. Every failure must give a
+ * clean error, leave the pool consistent (sop__pool_check) with unchanged statistics, and leak
+ * nothing (the simulated driver's live-object counts). Needs the simulated driver. */
+#include <string.h>
+
+#include "helpers.h"
+
+#define MiB ((size_t)1 << 20)
+#define FAULT CUDA_ERROR_UNKNOWN
+
+static struct sim_live base;
+
+static void
+live_same(int line)
+{
+	struct sim_live l = th_live();
+
+	if (l.reservations != base.reservations || l.handles != base.handles ||
+	    l.mappings != base.mappings || l.phys_bytes != base.phys_bytes ||
+	    l.primary_ctx_refs != base.primary_ctx_refs) {
+		fprintf(stderr, "line %d: driver objects leaked: res %ld/%ld handles %ld/%ld maps %ld/%ld"
+				" ctx %ld/%ld\n",
+			line, l.reservations, base.reservations, l.handles, base.handles, l.mappings,
+			base.mappings, l.primary_ctx_refs, base.primary_ctx_refs);
+		exit(1);
+	}
+}
+
+/* Run op with the n-th call of entry failing, for n = 1, 2, ... until op no longer reaches it.
+ * op returns the CUresult the application sees; before/after hooks check the rest. */
+typedef CUresult (*op_fn)(void *arg);
+typedef void (*check_fn)(void *arg, CUresult r);
+
+typedef void (*prep_fn)(void *arg);
+
+static void
+sweep(const char *what, const char *const *entries, prep_fn prep, op_fn op, check_fn check,
+      void *arg, bool may_succeed)
+{
+	size_t e;
+
+	for (e = 0; entries[e]; e++) {
+		unsigned long n;
+		for (n = 1;; n++) {
+			unsigned long before, made;
+			CUresult r;
+			if (prep)
+				prep(arg);
+			before = th.sim_calls(entries[e]);
+			th.sim_fail(entries[e], n, FAULT);
+			r = op(arg);
+			made = th.sim_calls(entries[e]) - before;
+			th.sim_fail_clear();
+			check(arg, r);
+			if (made < n) {
+				TH_OK(r); /* the fault never fired: the operation must succeed */
+				break;
+			}
+			if (r == CUDA_SUCCESS && !may_succeed) {
+				fprintf(stderr, "%s: %s call %lu failed but the operation succeeded\n",
+					what, entries[e], n);
+				exit(1);
+			}
+			TH_ASSERT(n < 64);
+		}
+		printf("%s: %s swept\n", what, entries[e]);
+	}
+}
+
+/* ---- Pool creation ---------------------------------------------------------------------- */
+
+static sop_pool_t created;
+
+static CUresult
+op_create(void *arg)
+{
+	CUmemPoolProps props;
+
+	(void)arg;
+	memset(&props, 0, sizeof props);
+	props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+	props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	props.location.id = 0;
+	created = (sop_pool_t)0x1;
+	return sop_pool_create(&created, &props);
+}
+
+static void
+check_create(void *arg, CUresult r)
+{
+	(void)arg;
+	if (r == CUDA_SUCCESS) {
+		TH_CHECK(created);
+		TH_OK(sop_pool_destroy(created));
+	} else {
+		TH_ASSERT(created == (sop_pool_t)0x1);
+	}
+	live_same(__LINE__);
+}
+
+/* ---- Growth ----------------------------------------------------------------------------- */
+
+struct grow_arg {
+	sop_pool_t pool;
+	CUstream s;
+	void *p;
+	uint64_t used, reserved;
+};
+
+static CUresult
+op_grow(void *arg)
+{
+	struct grow_arg *g = arg;
+
+	g->p = (void *)0x1;
+	g->used = th_attr(g->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+	g->reserved = th_attr(g->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+	/* Larger than any free block: needs a new segment. */
+	return sop_malloc_from_pool_async(&g->p, 40 * MiB, g->pool, g->s);
+}
+
+static void
+check_grow(void *arg, CUresult r)
+{
+	struct grow_arg *g = arg;
+
+	TH_CHECK(g->pool);
+	if (r == CUDA_SUCCESS) {
+		TH_EQ(th_attr(g->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), g->used + 40 * MiB);
+		TH_OK(sop_free(g->p));
+		TH_OK(sop_trim_to(g->pool, g->reserved));
+	} else {
+		TH_ASSERT(g->p == (void *)0x1);
+		TH_EQ(th_attr(g->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), g->used);
+		TH_EQ(th_attr(g->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), g->reserved);
+	}
+}
+
+/* ---- Trimming --------------------------------------------------------------------------- */
+
+static void
+prep_trim(void *arg)
+{
+	struct grow_arg *g = arg;
+	void *p;
+
+	TH_OK(sop_malloc_from_pool_async(&p, 40 * MiB, g->pool, g->s));
+	TH_OK(sop_free(p));
+	g->reserved = th_attr(g->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+}
+
+static CUresult
+op_trim(void *arg)
+{
+	struct grow_arg *g = arg;
+
+	return sop_trim_to(g->pool, 0);
+}
+
+static void
+check_trim(void *arg, CUresult r)
+{
+	struct grow_arg *g = arg;
+
+	TH_CHECK(g->pool);
+	if (r == CUDA_SUCCESS)
+		TH_EQ(th_attr(g->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+	else
+		TH_OK(sop_trim_to(g->pool, 0)); /* what failed is retried and released */
+	TH_EQ(th_attr(g->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+	live_same(__LINE__);
+}
+
+/* ---- Synchronization with a release threshold ------------------------------------------- */
+
+static void
+prep_sync(void *arg)
+{
+	struct grow_arg *g = arg;
+	void *p;
+
+	TH_OK(sop_malloc_from_pool_async(&p, 40 * MiB, g->pool, g->s));
+	TH_OK(sop_free_async(p, g->s));
+}
+
+static CUresult
+op_sync(void *arg)
+{
+	struct grow_arg *g = arg;
+
+	return sop_stream_synchronize(g->s);
+}
+
+static void
+check_sync(void *arg, CUresult r)
+{
+	struct grow_arg *g = arg;
+
+	TH_CHECK(g->pool);
+	/* Whatever failed, a clean synchronization and trim bring everything back. */
+	(void)r;
+	TH_OK(sop_stream_synchronize(g->s));
+	TH_OK(sop_trim_to(g->pool, 0));
+	TH_EQ(th_attr(g->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+	live_same(__LINE__);
+}
+
+/* ---- Destruction ------------------------------------------------------------------------ */
+
+static sop_pool_t doomed;
+
+static void
+prep_destroy(void *arg)
+{
+	struct grow_arg *g = arg;
+	void *p;
+
+	doomed = th_pool(0, 0);
+	TH_OK(sop_malloc_from_pool_async(&p, 3 * MiB, doomed, g->s));
+	TH_OK(sop_free(p));
+}
+
+static CUresult
+op_destroy(void *arg)
+{
+	(void)arg;
+	return sop_pool_destroy(doomed);
+}
+
+static void
+check_destroy(void *arg, CUresult r)
+{
+	(void)arg;
+	/* Destroy itself cannot fail; a driver call failing inside it is retried when the
+	 * pool's memory is next released, or left to the driver at exit. */
+	TH_OK(r);
+}
+
+int
+main(void)
+{
+	static const char *const create_entries[] = {
+		"cuDeviceGetAttribute", "cuDevicePrimaryCtxRetain", "cuCtxPushCurrent",
+		"cuMemGetAllocationGranularity", "cuDeviceTotalMem", "cuMemAddressReserve", NULL};
+	static const char *const grow_entries[] = {"cuStreamGetCtx", "cuStreamGetId",
+						   "cuCtxPushCurrent", "cuMemCreate",
+						   "cuMemMap", "cuMemSetAccess", NULL};
+	static const char *const trim_entries[] = {"cuCtxPushCurrent", "cuMemUnmap",
+						   "cuMemRelease", NULL};
+	static const char *const sync_entries[] = {"cuStreamGetCtx", "cuStreamGetId",
+						   "cuStreamSynchronize", NULL};
+	/* A release that fails at a synchronization point does not fail the synchronization
+	 * (the driver's never does); the memory stays reserved and goes at the next one. */
+	static const char *const sync_release_entries[] = {"cuMemUnmap", "cuMemRelease", NULL};
+	struct grow_arg g;
+	cuuint64_t keep = UINT64_MAX;
+
+	th_init();
+	th_require_sim();
+	memset(&g, 0, sizeof g);
+	g.s = th_stream();
+	base = th_live();
+
+	sweep("create", create_entries, NULL, op_create, check_create, NULL, false);
+
+	g.pool = th_pool(0, 0);
+	TH_OK(sop_pool_set_attr(g.pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	base = th_live(); /* now with the pool's reservation and context */
+	sweep("grow", grow_entries, NULL, op_grow, check_grow, &g, false);
+	sweep("trim", trim_entries, prep_trim, op_trim, check_trim, &g, false);
+	keep = 0;
+	TH_OK(sop_pool_set_attr(g.pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	{
+		/* A fresh stream: its first use asks the driver for its identity. */
+		CUstream s2 = th_stream();
+		CUstream old = g.s;
+		g.s = s2;
+		sweep("sync", sync_entries, prep_sync, op_sync, check_sync, &g, false);
+		sweep("sync-release", sync_release_entries, prep_sync, op_sync, check_sync, &g,
+		      true);
+		g.s = old;
+		th_stream_destroy(s2);
+	}
+	TH_OK(sop_pool_destroy(g.pool));
+	base = th_live();
+	base.streams = 0;
+	{
+		static const char *const destroy_entries[] = {"cuMemUnmap", "cuMemRelease",
+							      "cuMemAddressFree", NULL};
+		sweep("destroy", destroy_entries, prep_destroy, op_destroy, check_destroy, &g, true);
+	}
+	th_stream_destroy(g.s);
+	printf("faults: ok\n");
+	return 0;
+}

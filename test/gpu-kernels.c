@@ -1,0 +1,125 @@
+/* gpu-kernels.c - on a real GPU, kernels write and verify patterns in pool memory across
+ * streams. Each stream repeatedly allocates a block, runs a kernel that spins and then fills it
+ * with the stream's tag for this round, a kernel that counts words that are not that tag, and
+ * frees the block; other streams allocate at the same time. A block handed to another stream
+ * while a kernel still uses it shows up as a wrong tag. Some blocks are freed on another stream
+ * after an event, and synchronization points are mixed in so that blocks do move between
+ * streams. Needs a GPU (exit 77 on the simulated driver). */
+#include <string.h>
+
+#include "helpers.h"
+#include "kernels.ptx.h"
+
+#define STREAMS 8
+#define ROUNDS 400
+
+static CUfunction k_fill, k_check, k_spin_fill;
+
+static void
+launch(CUfunction f, CUstream s, void **args)
+{
+	TH_OK(th.cuLaunchKernel(f, 64, 1, 1, 256, 1, 1, 0, s, args, NULL));
+}
+
+static void
+spin_fill(void *p, size_t words, uint32_t v, long long cycles, CUstream s)
+{
+	unsigned long long n = words;
+	void *args[] = {&p, &n, &v, &cycles};
+	launch(k_spin_fill, s, args);
+}
+
+static void
+check(void *p, size_t words, uint32_t v, unsigned *bad, CUstream s)
+{
+	unsigned long long n = words;
+	void *args[] = {&p, &n, &v, &bad};
+	launch(k_check, s, args);
+}
+
+int
+main(void)
+{
+	CUstream s[STREAMS];
+	CUevent ev[STREAMS];
+	unsigned *bad;
+	unsigned host_bad[STREAMS];
+	sop_pool_t pool, counters;
+	CUmodule mod;
+	uint64_t seed = 12345, reused_across = 0;
+	int i, r;
+
+	th_init();
+	th_require_gpu();
+	TH_OK(th.cuModuleLoadData(&mod, sop_kernels_ptx));
+	TH_OK(th.cuModuleGetFunction(&k_fill, mod, "sop_fill"));
+	TH_OK(th.cuModuleGetFunction(&k_check, mod, "sop_check"));
+	TH_OK(th.cuModuleGetFunction(&k_spin_fill, mod, "sop_spin_fill"));
+	(void)k_fill;
+
+	pool = th_pool(0, 0);
+	counters = th_pool(0, 0);
+	for (i = 0; i < STREAMS; i++) {
+		s[i] = th_stream();
+		TH_OK(th.cuEventCreate(&ev[i], CU_EVENT_DISABLE_TIMING));
+	}
+	TH_OK(sop_malloc_from_pool_async((void **)&bad, sizeof host_bad, counters, s[0]));
+	TH_OK(th.cuMemsetD32Async((CUdeviceptr)(uintptr_t)bad, 0, STREAMS, s[0]));
+	TH_OK(sop_stream_synchronize(s[0]));
+
+	for (r = 0; r < ROUNDS; r++) {
+		void *prev[STREAMS];
+		for (i = 0; i < STREAMS; i++) {
+			size_t words;
+			uint32_t tag = (uint32_t)(r << 8 | i) * 2654435761u;
+			void *p;
+
+			seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+			words = 64 + (seed >> 33) % (1u << 18);
+			TH_OK(sop_malloc_from_pool_async(&p, words * 4, pool, s[i]));
+			/* ~20 us of spinning keeps the kernels overlapping the host's calls. */
+			spin_fill(p, words, tag, 40000, s[i]);
+			check(p, words, tag, bad + i, s[i]);
+			prev[i] = p;
+			if (r % 7 == 3) {
+				/* Free on the next stream, ordered after this one's work. */
+				int j = (i + 1) % STREAMS;
+				TH_OK(sop_event_record(ev[i], s[i]));
+				TH_OK(sop_stream_wait_event(s[j], ev[i], 0));
+				TH_OK(sop_free_async(p, s[j]));
+			} else {
+				TH_OK(sop_free_async(p, s[i]));
+			}
+		}
+		if (r % 50 == 49) {
+			TH_OK(sop_ctx_synchronize());
+		} else if (r % 10 == 9) {
+			TH_OK(sop_stream_synchronize(s[r % STREAMS]));
+		}
+		/* Count blocks that moved to another stream after a synchronization point. */
+		for (i = 0; i < STREAMS; i++) {
+			void *q;
+			TH_OK(sop_malloc_from_pool_async(&q, 4096, pool, s[(i + 3) % STREAMS]));
+			reused_across += q == prev[i];
+			TH_OK(sop_free_async(q, s[(i + 3) % STREAMS]));
+		}
+	}
+	TH_OK(sop_ctx_synchronize());
+	TH_OK(th.cuMemcpyDtoHAsync(host_bad, (CUdeviceptr)(uintptr_t)bad, sizeof host_bad, s[0]));
+	TH_OK(sop_stream_synchronize(s[0]));
+	for (i = 0; i < STREAMS; i++)
+		TH_EQ(host_bad[i], 0);
+	TH_OK(sop_free_async(bad, s[0]));
+	TH_OK(sop_stream_synchronize(s[0]));
+	TH_CHECK(pool);
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
+	for (i = 0; i < STREAMS; i++) {
+		TH_OK(th.cuEventDestroy(ev[i]));
+		th_stream_destroy(s[i]);
+	}
+	TH_OK(sop_pool_destroy(pool));
+	TH_OK(sop_pool_destroy(counters));
+	printf("gpu-kernels: ok (%d streams x %d rounds, %llu blocks reused across streams)\n",
+	       STREAMS, ROUNDS, (unsigned long long)reused_across);
+	return 0;
+}

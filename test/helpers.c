@@ -1,0 +1,206 @@
+/* helpers.c - shared test scaffolding; see helpers.h. */
+#include <dlfcn.h>
+#include <string.h>
+
+#include "helpers.h"
+
+struct th_driver th;
+int th_n_devices;
+static bool th_is_sim;
+
+#define TH_STR2(x) #x
+#define TH_STR(x) TH_STR2(x)
+
+static void *
+th_sym(void *dl, const char *name)
+{
+	return dlsym(dl, name);
+}
+
+#define TH_LOAD(dl, name)                                                                          \
+	do {                                                                                       \
+		void *s_ = th_sym(dl, TH_STR(name));                                               \
+		memcpy(&th.name, &s_, sizeof s_);                                                  \
+	} while (0)
+
+bool
+th_init(void)
+{
+	sop_pool_t pool;
+	CUcontext ctx;
+	CUresult r;
+	void *dl;
+
+	setvbuf(stdout, NULL, _IONBF, 0);
+	r = sop_device_get_default_pool(&pool, 0);
+	if (r == CUDA_ERROR_NOT_INITIALIZED || r == CUDA_ERROR_NO_DEVICE ||
+	    r == CUDA_ERROR_NOT_SUPPORTED) {
+		printf("skip: no usable CUDA driver (%d)\n", (int)r);
+		exit(TH_SKIP);
+	}
+	TH_OK(r);
+	dl = sop__driver_handle();
+	TH_ASSERT(dl);
+	TH_LOAD(dl, cuStreamCreate);
+	TH_LOAD(dl, cuStreamDestroy);
+	TH_LOAD(dl, cuStreamQuery);
+	TH_LOAD(dl, cuLaunchHostFunc);
+	TH_LOAD(dl, cuMemsetD32Async);
+	TH_LOAD(dl, cuMemcpyDtoHAsync);
+	TH_LOAD(dl, cuMemcpyHtoDAsync);
+	TH_LOAD(dl, cuCtxSetCurrent);
+	TH_LOAD(dl, cuEventCreate);
+	TH_LOAD(dl, cuEventDestroy);
+	TH_LOAD(dl, cuEventQuery);
+	TH_LOAD(dl, cuMemGetInfo);
+	TH_LOAD(dl, cuModuleLoadData);
+	TH_LOAD(dl, cuModuleGetFunction);
+	TH_LOAD(dl, cuLaunchKernel);
+	TH_LOAD(dl, cuStreamWaitEvent);
+	TH_LOAD(dl, cuEventRecord);
+	TH_LOAD(dl, sim_fail);
+	TH_LOAD(dl, sim_fail_clear);
+	TH_LOAD(dl, sim_calls);
+	TH_LOAD(dl, sim_live_get);
+	th_is_sim = th.sim_fail != NULL;
+	th_n_devices = sop__device_count();
+	TH_OK(sop__drv.cuDevicePrimaryCtxRetain(&ctx, 0));
+	TH_OK(th.cuCtxSetCurrent(ctx));
+	return th_is_sim;
+}
+
+void
+th_require_sim(void)
+{
+	if (!th_is_sim) {
+		printf("skip: needs the simulated driver\n");
+		exit(TH_SKIP);
+	}
+}
+
+void
+th_require_gpu(void)
+{
+	if (th_is_sim) {
+		printf("skip: needs a GPU\n");
+		exit(TH_SKIP);
+	}
+}
+
+CUstream
+th_stream(void)
+{
+	CUstream s;
+
+	TH_OK(th.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	return s;
+}
+
+void
+th_stream_destroy(CUstream s)
+{
+	TH_OK(th.cuStreamDestroy(s));
+}
+
+void
+th_gate_init(struct th_gate *g)
+{
+	pthread_mutex_init(&g->lock, NULL);
+	pthread_cond_init(&g->cond, NULL);
+	g->open = false;
+	g->reached = false;
+}
+
+static void CUDA_CB
+gate_fn(void *arg)
+{
+	struct th_gate *g = arg;
+
+	pthread_mutex_lock(&g->lock);
+	g->reached = true;
+	pthread_cond_broadcast(&g->cond);
+	while (!g->open)
+		pthread_cond_wait(&g->cond, &g->lock);
+	pthread_mutex_unlock(&g->lock);
+}
+
+void
+th_gate_block(struct th_gate *g, CUstream s)
+{
+	TH_OK(th.cuLaunchHostFunc(s, gate_fn, g));
+}
+
+void
+th_gate_open(struct th_gate *g)
+{
+	pthread_mutex_lock(&g->lock);
+	g->open = true;
+	pthread_cond_broadcast(&g->cond);
+	pthread_mutex_unlock(&g->lock);
+}
+
+void
+th_gate_wait_reached(struct th_gate *g)
+{
+	pthread_mutex_lock(&g->lock);
+	while (!g->reached)
+		pthread_cond_wait(&g->cond, &g->lock);
+	pthread_mutex_unlock(&g->lock);
+}
+
+uint64_t
+th_attr(sop_pool_t pool, CUmemPool_attribute attr)
+{
+	cuuint64_t v = 0;
+
+	TH_OK(sop_pool_get_attr(pool, attr, &v));
+	return v;
+}
+
+sop_pool_t
+th_pool(int device, size_t max_size)
+{
+	CUmemPoolProps props;
+	sop_pool_t pool;
+
+	memset(&props, 0, sizeof props);
+	props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+	props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	props.location.id = device;
+	props.maxSize = max_size;
+	TH_OK(sop_pool_create(&pool, &props));
+	return pool;
+}
+
+void
+th_fill(void *p, size_t bytes, uint32_t v, CUstream s)
+{
+	TH_OK(th.cuMemsetD32Async((CUdeviceptr)(uintptr_t)p, v, bytes / 4, s));
+}
+
+bool
+th_verify(void *p, size_t bytes, uint32_t v, CUstream s)
+{
+	uint32_t *h = malloc(bytes);
+	bool ok = true;
+	size_t i;
+
+	TH_ASSERT(h);
+	TH_OK(th.cuMemcpyDtoHAsync(h, (CUdeviceptr)(uintptr_t)p, bytes, s));
+	TH_OK(sop__drv.cuStreamSynchronize(s));
+	for (i = 0; i < bytes / 4 && ok; i++)
+		ok = h[i] == v;
+	free(h);
+	return ok;
+}
+
+struct sim_live
+th_live(void)
+{
+	struct sim_live l;
+
+	memset(&l, 0, sizeof l);
+	if (th.sim_live_get)
+		th.sim_live_get(&l);
+	return l;
+}

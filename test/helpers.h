@@ -1,0 +1,119 @@
+/* helpers.h - what every test program shares: assertions that are always on, the exit codes
+ * (0 pass, 1 fail, 77 skip), the driver entry points tests call themselves, the simulated
+ * driver's control API when it is the driver loaded, and a gate that keeps a stream busy.
+ *
+ * A test runs against whatever driver sop loads: the simulated one when SOP_DRIVER_LIBRARY names
+ * it (the unit suite), the real one otherwise (the gpu suite). Without a driver it skips.
+ */
+#ifndef SOP_TEST_HELPERS_H
+#define SOP_TEST_HELPERS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "internal.h"
+#include "sim/sim.h"
+#include "sop.h"
+
+#define TH_SKIP 77
+
+#define TH_ASSERT(cond)                                                                            \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__,      \
+				#cond);                                                            \
+			exit(1);                                                                   \
+		}                                                                                  \
+	} while (0)
+
+#define TH_EQ(got, want)                                                                           \
+	do {                                                                                       \
+		long long g_ = (long long)(got), w_ = (long long)(want);                           \
+		if (g_ != w_) {                                                                    \
+			fprintf(stderr, "%s:%d: %s is %lld, expected %lld\n", __FILE__, __LINE__, \
+				#got, g_, w_);                                                     \
+			exit(1);                                                                   \
+		}                                                                                  \
+	} while (0)
+
+#define TH_OK(call) TH_EQ((call), CUDA_SUCCESS)
+
+/* The pool's invariants hold. */
+#define TH_CHECK(pool)                                                                             \
+	do {                                                                                       \
+		int l_ = sop__pool_check(pool);                                                    \
+		if (l_) {                                                                          \
+			fprintf(stderr, "%s:%d: pool check failed at check.c:%d\n", __FILE__,     \
+				__LINE__, l_);                                                     \
+			exit(1);                                                                   \
+		}                                                                                  \
+	} while (0)
+
+/* Driver entry points the tests use beyond sop's own table (NULL where the driver lacks one). */
+struct th_driver {
+	__typeof__(cuStreamCreate) *cuStreamCreate;
+	__typeof__(cuStreamDestroy) *cuStreamDestroy;
+	__typeof__(cuStreamQuery) *cuStreamQuery;
+	__typeof__(cuLaunchHostFunc) *cuLaunchHostFunc;
+	__typeof__(cuMemsetD32Async) *cuMemsetD32Async;
+	__typeof__(cuMemcpyDtoHAsync) *cuMemcpyDtoHAsync;
+	__typeof__(cuMemcpyHtoDAsync) *cuMemcpyHtoDAsync;
+	__typeof__(cuCtxSetCurrent) *cuCtxSetCurrent;
+	__typeof__(cuEventCreate) *cuEventCreate;
+	__typeof__(cuEventDestroy) *cuEventDestroy;
+	__typeof__(cuEventQuery) *cuEventQuery;
+	__typeof__(cuMemGetInfo) *cuMemGetInfo;
+	__typeof__(cuModuleLoadData) *cuModuleLoadData;
+	__typeof__(cuModuleGetFunction) *cuModuleGetFunction;
+	__typeof__(cuLaunchKernel) *cuLaunchKernel;
+	__typeof__(cuStreamWaitEvent) *cuStreamWaitEvent;
+	__typeof__(cuEventRecord) *cuEventRecord;
+	/* The simulated driver's control API; all NULL on a real driver. */
+	__typeof__(sim_fail) *sim_fail;
+	__typeof__(sim_fail_clear) *sim_fail_clear;
+	__typeof__(sim_calls) *sim_calls;
+	__typeof__(sim_live_get) *sim_live_get;
+};
+
+extern struct th_driver th;
+extern int th_n_devices;
+
+/* Initialise sop and the table, make device 0's primary context current. Exits 77 when no
+ * driver or no device is there. Returns true when the driver is the simulated one. */
+bool th_init(void);
+/* Exit 77 unless the simulated driver is loaded (tests of fault injection and leaks). */
+void th_require_sim(void);
+/* Exit 77 unless a real GPU is there. */
+void th_require_gpu(void);
+
+CUstream th_stream(void); /* a new non-blocking stream */
+void th_stream_destroy(CUstream s);
+
+/* A gate: th_gate_block(g, s) enqueues a host function on s that waits until th_gate_open(g);
+ * everything enqueued on s after it waits too. A gate is opened once. */
+struct th_gate {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool open, reached;
+};
+void th_gate_init(struct th_gate *g);
+void th_gate_block(struct th_gate *g, CUstream s);
+void th_gate_open(struct th_gate *g);
+/* Wait (on the host) until the stream has reached the gate. */
+void th_gate_wait_reached(struct th_gate *g);
+
+/* Statistics of a pool. */
+uint64_t th_attr(sop_pool_t pool, CUmemPool_attribute attr);
+/* A fresh pool on device with optional cap; release threshold as given. */
+sop_pool_t th_pool(int device, size_t max_size);
+
+/* Fill n 32-bit words at p with v on stream s; read them back and check (synchronizes s). */
+void th_fill(void *p, size_t bytes, uint32_t v, CUstream s);
+bool th_verify(void *p, size_t bytes, uint32_t v, CUstream s);
+
+/* Live objects in the simulated driver, for leak checks; zeros on a real driver. */
+struct sim_live th_live(void);
+
+#endif /* SOP_TEST_HELPERS_H */

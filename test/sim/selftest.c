@@ -1,0 +1,1071 @@
+/*
+ * Self-test of the simulated CUDA driver (libsopsim.so).
+ *
+ * It loads the library exactly as sop loads a driver: dlopen() of a path
+ * (argv[1], else $SOP_DRIVER_LIBRARY), then dlsym() of the names that cuda.h's
+ * macros produce (cuStreamDestroy_v2, ...). Faults are checked in child
+ * processes, which must die of SIGSEGV. Prints "N passed, N failed" last.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda.h>
+
+#include "sim.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+/* A sanitizer reports a SEGV itself and exits with an error instead of the signal. */
+#define SANITIZED 1
+#else
+#define SANITIZED 0
+#endif
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+/* Every function the test resolves; cuda.h's macros give the exported names. */
+#define DRV_FUNCS(X) \
+	X(cuInit) X(cuDriverGetVersion) X(cuGetErrorString) X(cuGetErrorName) \
+	X(cuGetProcAddress) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) \
+	X(cuDeviceTotalMem) X(cuDeviceGetAttribute) X(cuDeviceCanAccessPeer) \
+	X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxGetCurrent) \
+	X(cuCtxSetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuCtxGetDevice) \
+	X(cuCtxSynchronize) X(cuCtxGetId) X(cuMemGetInfo) \
+	X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree) \
+	X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) \
+	X(cuMemGetAccess) X(cuMemExportToShareableHandle) \
+	X(cuMemImportFromShareableHandle) X(cuMemRetainAllocationHandle) \
+	X(cuMemGetAllocationPropertiesFromHandle) \
+	X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamQuery) X(cuStreamSynchronize) \
+	X(cuStreamWaitEvent) X(cuStreamGetCtx) X(cuStreamGetFlags) X(cuStreamGetId) \
+	X(cuLaunchHostFunc) X(cuStreamAddCallback) \
+	X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery) \
+	X(cuEventSynchronize) X(cuEventElapsedTime) \
+	X(cuMemsetD8Async) X(cuMemsetD32Async) X(cuMemsetD8) X(cuMemcpyHtoDAsync) \
+	X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemcpyHtoD) X(cuMemcpyDtoH) \
+	X(sim_fail) X(sim_fail_clear) X(sim_calls) X(sim_counts_reset) X(sim_live_get)
+
+#define DRV_MEMBER(name) __typeof__(&name) name;
+static struct {
+	DRV_FUNCS(DRV_MEMBER)
+} drv;
+#undef DRV_MEMBER
+
+static void *lib;
+static const char *lib_path;
+
+/* Atomic: the threads test checks from several threads. */
+static atomic_int failures;
+
+#define CHECK(cond) \
+	do { \
+		if (!(cond)) { \
+			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+			failures++; \
+		} \
+	} while (0)
+
+#define CHECK_RC(call, want) \
+	do { \
+		CUresult rc_ = (call); \
+		if (rc_ != (want)) { \
+			fprintf(stderr, "%s:%d: %s gave %d, expected %d\n", __FILE__, __LINE__, \
+				#call, (int)rc_, (int)(want)); \
+			failures++; \
+		} \
+	} while (0)
+
+#define OK(call) CHECK_RC(call, CUDA_SUCCESS)
+
+static void load_symbol(void *slot, size_t size, const char *name)
+{
+	void *sym = dlsym(lib, name);
+
+	if (!sym || size != sizeof(sym)) {
+		fprintf(stderr, "selftest: %s: symbol %s missing\n", lib_path, name);
+		exit(2);
+	}
+	memcpy(slot, &sym, sizeof(sym));
+}
+
+static void load_library(void)
+{
+	lib = dlopen(lib_path, RTLD_NOW | RTLD_LOCAL);
+	if (!lib) {
+		fprintf(stderr, "selftest: dlopen: %s\n", dlerror());
+		exit(2);
+	}
+#define DRV_LOAD(name) load_symbol(&drv.name, sizeof(drv.name), STR(name));
+	DRV_FUNCS(DRV_LOAD)
+#undef DRV_LOAD
+}
+
+static void msleep(int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+
+	nanosleep(&ts, NULL);
+}
+
+#define PTR(d) ((unsigned char *)(uintptr_t)(d))
+
+static size_t gran;
+static CUcontext ctx0, ctx1;
+
+static CUmemAllocationProp device_prop(int dev, bool shareable)
+{
+	CUmemAllocationProp prop;
+
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = dev;
+	prop.requestedHandleTypes = shareable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+					      : CU_MEM_HANDLE_TYPE_NONE;
+	return prop;
+}
+
+static CUresult set_access(CUdeviceptr p, size_t size, int dev, CUmemAccess_flags flags)
+{
+	CUmemAccessDesc d;
+
+	memset(&d, 0, sizeof(d));
+	d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	d.location.id = dev;
+	d.flags = flags;
+	return drv.cuMemSetAccess(p, size, &d, 1);
+}
+
+/* Reserved, created, mapped and read-write for device 0. */
+struct buffer {
+	CUdeviceptr va;
+	size_t size;
+	CUmemGenericAllocationHandle handle;
+};
+
+static void buffer_new(struct buffer *b, size_t size)
+{
+	CUmemAllocationProp prop = device_prop(0, false);
+
+	b->size = size;
+	OK(drv.cuMemAddressReserve(&b->va, size, 0, 0, 0));
+	OK(drv.cuMemCreate(&b->handle, size, &prop, 0));
+	OK(drv.cuMemMap(b->va, size, 0, b->handle, 0));
+	OK(set_access(b->va, size, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+}
+
+static void buffer_free(struct buffer *b)
+{
+	OK(drv.cuMemUnmap(b->va, b->size));
+	OK(drv.cuMemRelease(b->handle));
+	OK(drv.cuMemAddressFree(b->va, b->size));
+}
+
+static void check_no_leaks(void)
+{
+	struct sim_live live;
+
+	drv.sim_live_get(&live);
+	CHECK(live.reservations == 0);
+	CHECK(live.handles == 0);
+	CHECK(live.mappings == 0);
+	CHECK(live.streams == 0);
+	CHECK(live.events == 0);
+	CHECK(live.phys_bytes == 0);
+}
+
+/* ---- host functions that block and log ---- */
+
+struct gate {
+	pthread_mutex_t lock;
+	pthread_cond_t cv;
+	bool open;
+};
+
+#define GATE_INIT { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false }
+
+static void CUDA_CB gate_wait(void *arg)
+{
+	struct gate *g = arg;
+
+	pthread_mutex_lock(&g->lock);
+	while (!g->open)
+		pthread_cond_wait(&g->cv, &g->lock);
+	pthread_mutex_unlock(&g->lock);
+}
+
+static void gate_open(struct gate *g)
+{
+	pthread_mutex_lock(&g->lock);
+	g->open = true;
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->lock);
+}
+
+static void CUDA_CB gate_open_fn(void *arg)
+{
+	gate_open(arg);
+}
+
+/* Host functions append their letter; the test reads the order. */
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static char log_buf[64];
+static size_t log_len;
+static const char letters[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ";
+
+static void CUDA_CB log_letter(void *arg)
+{
+	pthread_mutex_lock(&log_lock);
+	if (log_len < sizeof(log_buf) - 1)
+		log_buf[log_len++] = *(const char *)arg;
+	log_buf[log_len] = '\0';
+	pthread_mutex_unlock(&log_lock);
+}
+
+static CUresult log_on(CUstream s, char c)
+{
+	return drv.cuLaunchHostFunc(s, log_letter, (void *)&letters[c - 'A']);
+}
+
+static void log_reset(void)
+{
+	pthread_mutex_lock(&log_lock);
+	log_len = 0;
+	log_buf[0] = '\0';
+	pthread_mutex_unlock(&log_lock);
+}
+
+static bool log_is(const char *want)
+{
+	bool same;
+
+	pthread_mutex_lock(&log_lock);
+	same = strcmp(log_buf, want) == 0;
+	if (!same)
+		fprintf(stderr, "log is \"%s\", expected \"%s\"\n", log_buf, want);
+	pthread_mutex_unlock(&log_lock);
+	return same;
+}
+
+static bool log_is_either(const char *a, const char *b)
+{
+	bool same;
+
+	pthread_mutex_lock(&log_lock);
+	same = strcmp(log_buf, a) == 0 || strcmp(log_buf, b) == 0;
+	if (!same)
+		fprintf(stderr, "log is \"%s\", expected \"%s\" or \"%s\"\n", log_buf, a, b);
+	pthread_mutex_unlock(&log_lock);
+	return same;
+}
+
+/* ---- children that must fault ---- */
+
+static void child_setup(void)
+{
+	struct rlimit none = { 0, 0 };
+
+	setrlimit(RLIMIT_CORE, &none);
+	signal(SIGSEGV, SIG_DFL);
+	signal(SIGBUS, SIG_DFL);
+}
+
+/* True if the child died of SIGSEGV (or of a sanitizer's report of one). */
+static bool child_faulted(int status)
+{
+	if (WIFSIGNALED(status))
+		return WTERMSIG(status) == SIGSEGV || WTERMSIG(status) == SIGBUS ||
+		       (SANITIZED && WTERMSIG(status) == SIGABRT);
+	return SANITIZED && WIFEXITED(status) && WEXITSTATUS(status) != 0 &&
+	       WEXITSTATUS(status) != 42;
+}
+
+enum touch { TOUCH_READ, TOUCH_WRITE };
+
+/* Touches *p in a forked child; true if that faulted. Exit 42: it did not. */
+static bool touch_faults(volatile unsigned char *p, enum touch how)
+{
+	int status;
+	pid_t pid;
+
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		child_setup();
+		if (how == TOUCH_READ)
+			(void)*p;
+		else
+			*p = 1;
+		_exit(42);
+	}
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		return false;
+	return child_faulted(status);
+}
+
+/* ---- tests ---- */
+
+static void test_devices(void)
+{
+	int n, v;
+	size_t total;
+	char name[64];
+	const char *s;
+	void *fn;
+	CUdriverProcAddressQueryResult status;
+	CUdevice d;
+
+	OK(drv.cuDeviceGetCount(&n));
+	CHECK(n == 2);
+	OK(drv.cuDeviceGet(&d, 1));
+	CHECK(d == 1);
+	CHECK_RC(drv.cuDeviceGet(&d, 2), CUDA_ERROR_INVALID_DEVICE);
+	OK(drv.cuDeviceGetName(name, sizeof(name), 0));
+	CHECK(strlen(name) > 0);
+	OK(drv.cuDeviceTotalMem(&total, 0));
+	CHECK(total == 64u << 20);
+	OK(drv.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0));
+	CHECK(v == 1);
+	OK(drv.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 1));
+	CHECK(v == 9);
+	CHECK_RC(drv.cuDeviceGetAttribute(&v, (CUdevice_attribute)9999, 0),
+		 CUDA_ERROR_INVALID_VALUE);
+	CHECK_RC(drv.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_WARP_SIZE, 5),
+		 CUDA_ERROR_INVALID_DEVICE);
+	OK(drv.cuDeviceCanAccessPeer(&v, 0, 1));
+	CHECK(v == 1);
+	OK(drv.cuDeviceCanAccessPeer(&v, 1, 1));
+	CHECK(v == 0);
+
+	OK(drv.cuGetErrorString(CUDA_ERROR_OUT_OF_MEMORY, &s));
+	CHECK(s && strcmp(s, "out of memory") == 0);
+	OK(drv.cuGetErrorName(CUDA_ERROR_INVALID_VALUE, &s));
+	CHECK(s && strcmp(s, "CUDA_ERROR_INVALID_VALUE") == 0);
+	OK(drv.cuGetErrorString(CUDA_ERROR_LAUNCH_TIMEOUT, &s));
+	CHECK(s != NULL);
+	CHECK_RC(drv.cuGetErrorString((CUresult)12345, &s), CUDA_ERROR_INVALID_VALUE);
+	CHECK(s == NULL);
+
+	/* cuGetProcAddress hands out the same (versioned) functions as dlsym. */
+	OK(drv.cuGetProcAddress("cuStreamDestroy", &fn, 13000, 0, &status));
+	CHECK(status == CU_GET_PROC_ADDRESS_SUCCESS);
+	CHECK(fn == dlsym(lib, "cuStreamDestroy_v2"));
+	CHECK_RC(drv.cuGetProcAddress("cuNoSuchThing", &fn, 13000, 0, &status),
+		 CUDA_ERROR_NOT_FOUND);
+	CHECK(status == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+
+	/* Only the cu* entry points and the control API are exported. */
+	CHECK(dlsym(lib, "cuMemPoolCreate") == NULL);
+	CHECK(dlsym(lib, "cuMemAllocFromPoolAsync") == NULL);
+	CHECK(dlsym(lib, "sim_enter") == NULL);
+	CHECK(dlsym(lib, "cuStreamDestroy") == NULL);
+}
+
+static void test_contexts(void)
+{
+	CUcontext c, popped;
+	CUdevice d;
+	unsigned long long id0, id1;
+	struct sim_live live;
+
+	OK(drv.cuCtxSetCurrent(NULL));
+	OK(drv.cuCtxGetCurrent(&c));
+	CHECK(c == NULL);
+	CHECK_RC(drv.cuCtxGetDevice(&d), CUDA_ERROR_INVALID_CONTEXT);
+	CHECK_RC(drv.cuCtxSynchronize(), CUDA_ERROR_INVALID_CONTEXT);
+
+	OK(drv.cuDevicePrimaryCtxRetain(&c, 1));
+	CHECK(c == ctx1);
+	drv.sim_live_get(&live);
+	CHECK(live.primary_ctx_refs == 3);
+	OK(drv.cuDevicePrimaryCtxRelease(1));
+
+	OK(drv.cuCtxPushCurrent(ctx0));
+	OK(drv.cuCtxGetDevice(&d));
+	CHECK(d == 0);
+	OK(drv.cuCtxPushCurrent(ctx1));
+	OK(drv.cuCtxGetDevice(&d));
+	CHECK(d == 1);
+	OK(drv.cuCtxGetId(NULL, &id1));
+	OK(drv.cuCtxGetId(ctx0, &id0));
+	CHECK(id0 != id1);
+	OK(drv.cuCtxPopCurrent(&popped));
+	CHECK(popped == ctx1);
+	OK(drv.cuCtxGetCurrent(&c));
+	CHECK(c == ctx0);
+	OK(drv.cuCtxPopCurrent(NULL));
+	CHECK_RC(drv.cuCtxPopCurrent(NULL), CUDA_ERROR_INVALID_CONTEXT);
+	CHECK_RC(drv.cuCtxSetCurrent((CUcontext)&c), CUDA_ERROR_INVALID_CONTEXT);
+	OK(drv.cuCtxSetCurrent(ctx0));
+}
+
+static void test_vmm_basics(void)
+{
+	CUmemAllocationProp prop = device_prop(0, false);
+	CUmemGenericAllocationHandle h1, h2;
+	CUmemLocation loc = { CU_MEM_LOCATION_TYPE_DEVICE, 0 };
+	unsigned long long flags;
+	size_t g, free_before, free_now, total;
+	CUdeviceptr va;
+	struct sim_live live;
+
+	OK(drv.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+	CHECK(g == gran);
+	prop.location.id = 7;
+	CHECK_RC(drv.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+		 CUDA_ERROR_INVALID_DEVICE);
+	prop.location.id = 0;
+
+	CHECK_RC(drv.cuMemAddressReserve(&va, gran + 4096, 0, 0, 0), CUDA_ERROR_INVALID_VALUE);
+	OK(drv.cuMemAddressReserve(&va, 4 * gran, 8 * gran, 0, 0));
+	CHECK(va % (8 * gran) == 0);
+	CHECK_RC(drv.cuMemCreate(&h1, gran + 4096, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+	OK(drv.cuMemGetInfo(&free_before, &total));
+	OK(drv.cuMemCreate(&h1, 2 * gran, &prop, 0));
+	OK(drv.cuMemCreate(&h2, 2 * gran, &prop, 0));
+	OK(drv.cuMemGetInfo(&free_now, &total));
+	CHECK(free_before - free_now == 4 * gran);
+
+	CHECK_RC(drv.cuMemMap(va, 2 * gran, gran, h1, 0), CUDA_ERROR_NOT_SUPPORTED);
+	CHECK_RC(drv.cuMemMap(va + 3 * gran, 2 * gran, 0, h1, 0), CUDA_ERROR_INVALID_VALUE);
+	CHECK_RC(drv.cuMemMap(va, 2 * gran, 0, 0xdeadbeef, 0), CUDA_ERROR_INVALID_VALUE);
+	OK(drv.cuMemMap(va, 2 * gran, 0, h1, 0));
+	CHECK_RC(drv.cuMemMap(va + gran, 2 * gran, 0, h2, 0), CUDA_ERROR_INVALID_VALUE);
+	OK(drv.cuMemMap(va + 2 * gran, gran, 0, h2, 0));	/* a prefix of h2 */
+
+	/* Mapped but not yet accessible, as on a GPU. */
+	OK(drv.cuMemGetAccess(&flags, &loc, va));
+	CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_NONE);
+	CHECK(touch_faults(PTR(va), TOUCH_READ));
+	CHECK_RC(set_access(va, gran, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+		 CUDA_ERROR_INVALID_VALUE);
+	CHECK_RC(set_access(va, 4 * gran, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+		 CUDA_ERROR_INVALID_VALUE);
+	CHECK_RC(set_access(va, 3 * gran, 9, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+		 CUDA_ERROR_INVALID_DEVICE);
+	OK(set_access(va, 3 * gran, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+	OK(drv.cuMemGetAccess(&flags, &loc, va + 2 * gran + 5));
+	CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	loc.id = 1;
+	OK(drv.cuMemGetAccess(&flags, &loc, va));
+	CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_NONE);
+
+	memset(PTR(va), 0xab, 3 * gran);
+	CHECK(PTR(va)[3 * gran - 1] == 0xab);
+	CHECK(!touch_faults(PTR(va), TOUCH_WRITE));
+	CHECK(touch_faults(PTR(va + 3 * gran), TOUCH_READ));	/* reserved, not mapped */
+
+	CHECK_RC(drv.cuMemAddressFree(va, 4 * gran), CUDA_ERROR_INVALID_VALUE);
+	CHECK_RC(drv.cuMemUnmap(va, gran), CUDA_ERROR_INVALID_VALUE);
+	CHECK_RC(drv.cuMemUnmap(va + gran, 2 * gran), CUDA_ERROR_INVALID_VALUE);
+	CHECK_RC(drv.cuMemUnmap(va, 4 * gran), CUDA_ERROR_INVALID_VALUE);
+	drv.sim_live_get(&live);
+	CHECK(live.mappings == 2 && live.handles == 2 && live.reservations == 1);
+	/* Two whole adjacent mappings at once. */
+	OK(drv.cuMemUnmap(va, 3 * gran));
+	CHECK(touch_faults(PTR(va), TOUCH_READ));
+	CHECK_RC(drv.cuMemGetAccess(&flags, &loc, va), CUDA_ERROR_INVALID_VALUE);
+	OK(drv.cuMemRelease(h1));
+	OK(drv.cuMemRelease(h2));
+	CHECK_RC(drv.cuMemRelease(h2), CUDA_ERROR_INVALID_VALUE);
+	CHECK_RC(drv.cuMemAddressFree(va, 2 * gran), CUDA_ERROR_INVALID_VALUE);
+	OK(drv.cuMemAddressFree(va, 4 * gran));
+	OK(drv.cuMemGetInfo(&free_now, &total));
+	CHECK(free_now == free_before);
+	check_no_leaks();
+}
+
+static void test_vmm_handles(void)
+{
+	CUmemAllocationProp prop = device_prop(1, true), got;
+	CUmemGenericAllocationHandle h, retained, imported;
+	CUdeviceptr va, va2;
+	struct sim_live live;
+	int fd;
+
+	OK(drv.cuMemAddressReserve(&va, 2 * gran, 0, 0, 0));
+	OK(drv.cuMemAddressReserve(&va2, 2 * gran, 0, 0, 0));
+	OK(drv.cuMemCreate(&h, 2 * gran, &prop, 0));
+	OK(drv.cuMemGetAllocationPropertiesFromHandle(&got, h));
+	CHECK(got.location.id == 1 &&
+	      got.requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	OK(drv.cuMemMap(va, 2 * gran, 0, h, 0));
+	OK(set_access(va, 2 * gran, 1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+
+	/* Released while mapped: the memory lives until the unmap. */
+	OK(drv.cuMemRelease(h));
+	PTR(va)[100] = 7;
+	drv.sim_live_get(&live);
+	CHECK(live.handles == 0 && live.phys_bytes == 2 * gran);
+	OK(drv.cuMemRetainAllocationHandle(&retained, PTR(va) + gran + 3));
+	CHECK(retained == h);
+
+	/* Export and import: the same memory through a second handle and address. */
+	OK(drv.cuMemExportToShareableHandle(&fd, retained,
+					    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+	OK(drv.cuMemImportFromShareableHandle(&imported, (void *)(intptr_t)fd,
+					      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+	close(fd);
+	CHECK(imported != retained);
+	OK(drv.cuMemMap(va2, 2 * gran, 0, imported, 0));
+	OK(set_access(va2, 2 * gran, 0, CU_MEM_ACCESS_FLAGS_PROT_READ));
+	CHECK(PTR(va2)[100] == 7);
+	PTR(va)[101] = 9;
+	CHECK(PTR(va2)[101] == 9);
+	CHECK(touch_faults(PTR(va2), TOUCH_WRITE));	/* read-only */
+	drv.sim_live_get(&live);
+	CHECK(live.phys_bytes == 2 * gran);
+
+	OK(drv.cuMemUnmap(va, 2 * gran));
+	OK(drv.cuMemRelease(retained));
+	OK(drv.cuMemUnmap(va2, 2 * gran));
+	OK(drv.cuMemRelease(imported));
+	OK(drv.cuMemAddressFree(va, 2 * gran));
+	OK(drv.cuMemAddressFree(va2, 2 * gran));
+
+	/* Exporting needs the handle type at creation. */
+	prop = device_prop(0, false);
+	OK(drv.cuMemCreate(&h, gran, &prop, 0));
+	CHECK_RC(drv.cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+						  0),
+		 CUDA_ERROR_INVALID_VALUE);
+	OK(drv.cuMemRelease(h));
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
+	CHECK_RC(drv.cuMemCreate(&h, gran, &prop, 0), CUDA_ERROR_NOT_SUPPORTED);
+	check_no_leaks();
+}
+
+static void test_out_of_memory(void)
+{
+	CUmemAllocationProp prop = device_prop(0, false);
+	CUmemGenericAllocationHandle h[40], extra;
+	size_t n = (64u << 20) / gran, free_bytes, total;
+
+	for (size_t i = 0; i < n; i++)
+		OK(drv.cuMemCreate(&h[i], gran, &prop, 0));
+	OK(drv.cuMemGetInfo(&free_bytes, &total));
+	CHECK(free_bytes == 0);
+	CHECK_RC(drv.cuMemCreate(&extra, gran, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+	/* Device 1 has its own memory. */
+	prop.location.id = 1;
+	OK(drv.cuMemCreate(&extra, gran, &prop, 0));
+	OK(drv.cuMemRelease(extra));
+	prop.location.id = 0;
+	OK(drv.cuMemRelease(h[0]));
+	OK(drv.cuMemCreate(&h[0], gran, &prop, 0));
+	for (size_t i = 0; i < n; i++)
+		OK(drv.cuMemRelease(h[i]));
+	check_no_leaks();
+}
+
+static void test_fault_injection(void)
+{
+	CUmemAllocationProp prop = device_prop(0, false);
+	CUmemGenericAllocationHandle h1, h2, h3;
+	CUdeviceptr va;
+	struct sim_live live;
+
+	drv.sim_counts_reset();
+	drv.sim_fail("cuMemCreate", 2, CUDA_ERROR_OUT_OF_MEMORY);
+	drv.sim_fail("cuMemMap", 1, CUDA_ERROR_UNKNOWN);
+	drv.sim_fail("cuMemAddressFree", 1, CUDA_ERROR_UNKNOWN);
+	drv.sim_fail("cuMemAddressFree", 0, CUDA_SUCCESS);	/* removed again */
+	OK(drv.cuMemCreate(&h1, gran, &prop, 0));
+	CHECK_RC(drv.cuMemCreate(&h2, gran, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+	drv.sim_live_get(&live);
+	CHECK(live.handles == 1);	/* the failed call did nothing */
+	OK(drv.cuMemCreate(&h2, gran, &prop, 0));
+	OK(drv.cuMemAddressReserve(&va, gran, 0, 0, 0));
+	CHECK_RC(drv.cuMemMap(va, gran, 0, h1, 0), CUDA_ERROR_UNKNOWN);
+	drv.sim_live_get(&live);
+	CHECK(live.mappings == 0);
+	OK(drv.cuMemMap(va, gran, 0, h1, 0));
+	OK(drv.cuMemUnmap(va, gran));
+	CHECK(drv.sim_calls("cuMemCreate") == 3);
+	CHECK(drv.sim_calls("cuMemMap") == 2);
+	CHECK(drv.sim_calls("cuMemAddressFree") == 0);
+
+	/* Two rules on one entry point count independently. */
+	drv.sim_fail("cuMemCreate", 1, CUDA_ERROR_INVALID_VALUE);
+	drv.sim_fail("cuMemCreate", 3, CUDA_ERROR_NOT_PERMITTED);
+	CHECK_RC(drv.cuMemCreate(&h3, gran, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+	OK(drv.cuMemCreate(&h3, gran, &prop, 0));
+	OK(drv.cuMemRelease(h3));
+	CHECK_RC(drv.cuMemCreate(&h3, gran, &prop, 0), CUDA_ERROR_NOT_PERMITTED);
+	drv.sim_fail("cuMemRelease", 1, CUDA_ERROR_UNKNOWN);
+	drv.sim_fail_clear();
+	OK(drv.cuMemRelease(h1));
+	OK(drv.cuMemRelease(h2));
+	OK(drv.cuMemAddressFree(va, gran));
+	CHECK(drv.sim_calls("cuMemRelease") == 3);
+	CHECK(drv.sim_calls("cuNoSuchEntryPoint") == 0);
+	drv.sim_counts_reset();
+	CHECK(drv.sim_calls("cuMemRelease") == 0);
+	check_no_leaks();
+}
+
+static void test_stream_order(void)
+{
+	struct gate g = GATE_INIT;
+	struct buffer b;
+	unsigned char host[64];
+	CUstream s, s2;
+	unsigned long long id, id2;
+	CUcontext c;
+
+	buffer_new(&b, gran);
+	memset(host, 0x11, sizeof(host));
+	OK(drv.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	OK(drv.cuStreamGetCtx(s, &c));
+	CHECK(c == ctx0);
+	log_reset();
+	OK(drv.cuLaunchHostFunc(s, gate_wait, &g));
+	OK(log_on(s, 'A'));
+	OK(drv.cuMemsetD8Async(b.va, 0x5a, 4096, s));
+	OK(drv.cuMemcpyDtoHAsync(host, b.va + 10, 16, s));
+	OK(log_on(s, 'B'));
+	CHECK_RC(drv.cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+	msleep(30);
+	CHECK(log_is(""));
+	CHECK(PTR(b.va)[0] == 0 && host[0] == 0x11);
+	gate_open(&g);
+	OK(drv.cuStreamSynchronize(s));
+	OK(drv.cuStreamQuery(s));
+	CHECK(log_is("AB"));
+	CHECK(PTR(b.va)[4095] == 0x5a && PTR(b.va)[4096] == 0);
+	CHECK(host[0] == 0x5a && host[15] == 0x5a && host[16] == 0x11);
+
+	/* Synchronous copies and a D32 memset. */
+	memset(host, 0x33, sizeof(host));
+	OK(drv.cuMemcpyHtoD(b.va + 64, host, sizeof(host)));
+	CHECK(PTR(b.va)[64] == 0x33);
+	OK(drv.cuMemsetD32Async(b.va + 128, 0x01020304u, 4, s));
+	OK(drv.cuMemcpyDtoDAsync(b.va + 256, b.va + 128, 16, s));
+	OK(drv.cuStreamSynchronize(s));
+	CHECK(*(uint32_t *)(void *)PTR(b.va + 268) == 0x01020304u);
+	CHECK_RC(drv.cuMemsetD32Async(b.va + 2, 0, 1, s), CUDA_ERROR_INVALID_VALUE);
+
+	OK(drv.cuStreamGetId(s, &id));
+	OK(drv.cuStreamDestroy(s));
+	OK(drv.cuStreamCreate(&s2, 0));
+	OK(drv.cuStreamGetId(s2, &id2));
+	CHECK(id != id2);
+	OK(drv.cuStreamDestroy(s2));
+	CHECK_RC(drv.cuStreamDestroy(s2), CUDA_ERROR_INVALID_HANDLE);
+	CHECK_RC(drv.cuStreamDestroy(NULL), CUDA_ERROR_INVALID_HANDLE);
+	buffer_free(&b);
+	check_no_leaks();
+}
+
+static CUresult host_call_result = CUDA_SUCCESS;
+
+static void CUDA_CB call_driver(void *arg)
+{
+	unsigned long long id;
+
+	host_call_result = drv.cuStreamGetId((CUstream)arg, &id);
+}
+
+static int callbacks_seen;
+
+static void CUDA_CB count_callback(CUstream s, CUresult status, void *arg)
+{
+	(void)s;
+	if (status == CUDA_SUCCESS && arg == &callbacks_seen)
+		callbacks_seen++;
+}
+
+static void test_host_functions(void)
+{
+	CUstream s;
+
+	OK(drv.cuStreamCreate(&s, 0));
+	OK(drv.cuLaunchHostFunc(s, call_driver, s));
+	OK(drv.cuStreamAddCallback(s, count_callback, &callbacks_seen, 0));
+	OK(drv.cuStreamSynchronize(s));
+	CHECK(host_call_result == CUDA_ERROR_NOT_PERMITTED);
+	CHECK(callbacks_seen == 1);
+	OK(drv.cuStreamDestroy(s));
+	check_no_leaks();
+}
+
+static void test_events(void)
+{
+	struct gate g = GATE_INIT, g2 = GATE_INIT;
+	CUstream a, b, c;
+	CUevent e, never, t0, t1, untimed;
+	float ms;
+
+	OK(drv.cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+	OK(drv.cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+	OK(drv.cuStreamCreate(&c, CU_STREAM_NON_BLOCKING));
+	OK(drv.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+	OK(drv.cuEventCreate(&never, CU_EVENT_DEFAULT));
+	OK(drv.cuEventQuery(never));
+	OK(drv.cuEventSynchronize(never));
+	log_reset();
+
+	OK(drv.cuLaunchHostFunc(a, gate_wait, &g));
+	OK(log_on(a, 'A'));
+	OK(drv.cuEventRecord(e, a));
+	CHECK_RC(drv.cuEventQuery(e), CUDA_ERROR_NOT_READY);
+	OK(drv.cuStreamWaitEvent(b, e, 0));
+	OK(drv.cuStreamWaitEvent(b, never, 0));	/* no-op */
+	OK(log_on(b, 'B'));
+	/* Re-recording on an idle stream does not move the wait enqueued above. */
+	OK(drv.cuEventRecord(e, c));
+	OK(drv.cuEventSynchronize(e));
+	OK(drv.cuStreamWaitEvent(c, never, 0));
+	OK(log_on(c, 'C'));
+	OK(drv.cuStreamSynchronize(c));
+	msleep(30);
+	CHECK(log_is("C"));
+	CHECK_RC(drv.cuStreamQuery(b), CUDA_ERROR_NOT_READY);
+	gate_open(&g);
+	OK(drv.cuStreamSynchronize(b));
+	CHECK(log_is("CAB"));
+
+	/* Timing. */
+	OK(drv.cuEventCreate(&t0, 0));
+	OK(drv.cuEventCreate(&t1, CU_EVENT_BLOCKING_SYNC));
+	CHECK_RC(drv.cuEventElapsedTime(&ms, t0, t1), CUDA_ERROR_INVALID_HANDLE);
+	OK(drv.cuEventRecord(t0, a));
+	OK(drv.cuLaunchHostFunc(a, log_letter, (void *)"D"));
+	OK(drv.cuEventRecord(t1, a));
+	OK(drv.cuEventSynchronize(t1));
+	OK(drv.cuEventElapsedTime(&ms, t0, t1));
+	CHECK(ms >= 0.0f);
+	untimed = e;
+	CHECK_RC(drv.cuEventElapsedTime(&ms, t0, untimed), CUDA_ERROR_INVALID_HANDLE);
+
+	/* Destroying an event with a record pending is fine. */
+	OK(drv.cuLaunchHostFunc(a, gate_wait, &g2));
+	OK(drv.cuEventRecord(t0, a));
+	OK(drv.cuEventDestroy(t0));
+	CHECK_RC(drv.cuEventQuery(t0), CUDA_ERROR_INVALID_HANDLE);
+	gate_open(&g2);
+	OK(drv.cuStreamSynchronize(a));
+
+	OK(drv.cuEventDestroy(t1));
+	OK(drv.cuEventDestroy(e));
+	OK(drv.cuEventDestroy(never));
+	OK(drv.cuStreamDestroy(a));
+	OK(drv.cuStreamDestroy(b));
+	OK(drv.cuStreamDestroy(c));
+	check_no_leaks();
+}
+
+struct opener {
+	struct gate *gate;
+	int delay_ms;
+};
+
+static void *open_later(void *arg)
+{
+	struct opener *o = arg;
+
+	msleep(o->delay_ms);
+	gate_open(o->gate);
+	return NULL;
+}
+
+static void test_legacy_stream(void)
+{
+	struct gate g1 = GATE_INIT, g2 = GATE_INIT, g3 = GATE_INIT, g4 = GATE_INIT;
+	struct opener o = { &g4, 50 };
+	CUstream blocking, nonblocking;
+	pthread_t t;
+
+	OK(drv.cuStreamCreate(&blocking, CU_STREAM_DEFAULT));
+	OK(drv.cuStreamCreate(&nonblocking, CU_STREAM_NON_BLOCKING));
+
+	/* Legacy work waits for earlier work on blocking streams only. */
+	log_reset();
+	OK(drv.cuLaunchHostFunc(blocking, gate_wait, &g1));
+	OK(log_on(blocking, 'A'));
+	OK(log_on(NULL, 'L'));
+	OK(log_on(nonblocking, 'N'));
+	OK(drv.cuStreamSynchronize(nonblocking));
+	msleep(30);
+	CHECK(log_is("N"));
+	CHECK_RC(drv.cuStreamQuery(NULL), CUDA_ERROR_NOT_READY);
+	gate_open(&g1);
+	OK(drv.cuStreamSynchronize(CU_STREAM_LEGACY));
+	CHECK(log_is("NAL"));
+
+	/* Blocking streams (and the per-thread stream) wait for earlier legacy work. */
+	log_reset();
+	OK(drv.cuLaunchHostFunc(CU_STREAM_LEGACY, gate_wait, &g2));
+	OK(log_on(blocking, 'B'));
+	OK(log_on(CU_STREAM_PER_THREAD, 'P'));
+	OK(log_on(nonblocking, 'N'));
+	OK(drv.cuStreamSynchronize(nonblocking));
+	msleep(30);
+	CHECK(log_is("N"));
+	CHECK_RC(drv.cuStreamQuery(blocking), CUDA_ERROR_NOT_READY);
+	gate_open(&g2);
+	OK(drv.cuStreamSynchronize(blocking));
+	OK(drv.cuStreamSynchronize(CU_STREAM_PER_THREAD));
+	CHECK(log_is_either("NBP", "NPB"));
+
+	/* Synchronising the legacy stream covers blocking streams, not the others. */
+	OK(drv.cuLaunchHostFunc(nonblocking, gate_wait, &g3));
+	OK(drv.cuStreamQuery(NULL));
+	OK(drv.cuStreamSynchronize(NULL));
+	gate_open(&g3);
+
+	/* cuCtxSynchronize waits for everything in the context. */
+	log_reset();
+	OK(drv.cuLaunchHostFunc(nonblocking, gate_wait, &g4));
+	OK(log_on(nonblocking, 'Z'));
+	CHECK(pthread_create(&t, NULL, open_later, &o) == 0);
+	OK(drv.cuCtxSynchronize());
+	CHECK(log_is("Z"));
+	pthread_join(t, NULL);
+
+	OK(drv.cuStreamDestroy(blocking));
+	OK(drv.cuStreamDestroy(nonblocking));
+	check_no_leaks();
+}
+
+static void test_stream_destroy_pending(void)
+{
+	struct gate g = GATE_INIT, done = GATE_INIT;
+	struct buffer b;
+	struct sim_live live;
+	CUstream s, s2;
+
+	buffer_new(&b, gran);
+	OK(drv.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	OK(drv.cuLaunchHostFunc(s, gate_wait, &g));
+	OK(drv.cuMemsetD8Async(b.va, 0x77, gran, s));
+	OK(drv.cuLaunchHostFunc(s, gate_open_fn, &done));
+	OK(drv.cuStreamDestroy(s));	/* returns at once */
+	drv.sim_live_get(&live);
+	CHECK(live.streams == 0);
+	CHECK_RC(drv.cuStreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
+	OK(drv.cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+	CHECK(s2 != s);		/* the old one still drains */
+	msleep(20);
+	CHECK(PTR(b.va)[0] == 0);
+	gate_open(&g);
+	gate_wait(&done);
+	OK(drv.cuStreamSynchronize(s2));
+	CHECK(PTR(b.va)[gran - 1] == 0x77);
+	OK(drv.cuStreamDestroy(s2));
+	buffer_free(&b);
+	check_no_leaks();
+}
+
+/* ---- several threads at once (mostly for ThreadSanitizer) ---- */
+
+static void *hammer(void *arg)
+{
+	CUstream s;
+	CUevent e;
+	struct buffer b;
+	unsigned char out[8];
+
+	(void)arg;
+	OK(drv.cuCtxSetCurrent(ctx0));
+	for (int i = 0; i < 20; i++) {
+		buffer_new(&b, gran);
+		OK(drv.cuStreamCreate(&s, i % 2 ? CU_STREAM_NON_BLOCKING : 0));
+		OK(drv.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+		OK(drv.cuMemsetD8Async(b.va, (unsigned char)i, 4096, s));
+		OK(drv.cuEventRecord(e, s));
+		OK(drv.cuStreamWaitEvent(CU_STREAM_PER_THREAD, e, 0));
+		OK(drv.cuMemcpyDtoHAsync(out, b.va, sizeof(out), CU_STREAM_PER_THREAD));
+		OK(drv.cuStreamSynchronize(CU_STREAM_PER_THREAD));
+		CHECK(out[7] == (unsigned char)i);
+		OK(drv.cuEventDestroy(e));
+		OK(drv.cuStreamDestroy(s));
+		OK(drv.cuStreamSynchronize(NULL));
+		buffer_free(&b);
+	}
+	return NULL;
+}
+
+static void test_threads(void)
+{
+	pthread_t t[4];
+
+	for (int i = 0; i < 4; i++)
+		CHECK(pthread_create(&t[i], NULL, hammer, NULL) == 0);
+	for (int i = 0; i < 4; i++)
+		pthread_join(t[i], NULL);
+	OK(drv.cuCtxSynchronize());
+	check_no_leaks();
+}
+
+/* ---- a fault on a stream worker, in a fresh process ---- */
+
+/* Child mode: an async memset into unmapped memory must kill the process. */
+static int async_fault_child(void)
+{
+	CUcontext c;
+	CUstream s;
+	CUdeviceptr va;
+
+	child_setup();
+	load_library();
+	if (drv.cuInit(0) != CUDA_SUCCESS || drv.cuDevicePrimaryCtxRetain(&c, 0) ||
+	    drv.cuCtxSetCurrent(c) || drv.cuMemAddressReserve(&va, 2u << 20, 0, 0, 0) ||
+	    drv.cuStreamCreate(&s, 0))
+		return 3;
+	drv.cuMemsetD8Async(va, 1, 16, s);
+	drv.cuStreamSynchronize(s);
+	return 42;	/* survived: no fault */
+}
+
+static void test_async_fault(char *self)
+{
+	int status;
+	pid_t pid;
+
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		/* exec, so that the child starts threads in a clean process */
+		execl("/proc/self/exe", self, "--async-fault-child", lib_path, (char *)NULL);
+		_exit(4);
+	}
+	CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+	CHECK(child_faulted(status));
+}
+
+/* ---- before cuInit ---- */
+
+static void test_no_devices(void)
+{
+	int status;
+	pid_t pid;
+
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		setenv("SOP_SIM_DEVICES", "0", 1);
+		_exit(drv.cuInit(0) == CUDA_ERROR_NO_DEVICE ? 0 : 1);
+	}
+	CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static void test_before_init(void)
+{
+	int n;
+
+	CHECK_RC(drv.cuDeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED);
+	OK(drv.cuDriverGetVersion(&n));
+	CHECK(n == 13000);
+	CHECK_RC(drv.cuInit(1), CUDA_ERROR_INVALID_VALUE);
+	test_no_devices();
+}
+
+/* SOP_SIM_FAIL, set in main: the second cuDeviceGetName fails. */
+static void test_env_fault(void)
+{
+	char name[32];
+
+	OK(drv.cuDeviceGetName(name, sizeof(name), 0));
+	CHECK_RC(drv.cuDeviceGetName(name, sizeof(name), 0), CUDA_ERROR_UNKNOWN);
+	OK(drv.cuDeviceGetName(name, sizeof(name), 0));
+	CHECK(drv.sim_calls("cuDeviceGetName") == 3);
+}
+
+static int passed, failed;
+
+static void run(const char *name, void (*fn)(void))
+{
+	int before = failures;
+
+	fn();
+	if (failures == before) {
+		passed++;
+		printf("ok %s\n", name);
+	} else {
+		failed++;
+		printf("FAIL %s\n", name);
+	}
+	fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+	lib_path = argc > 1 && argv[1][0] != '-' ? argv[1] : getenv("SOP_DRIVER_LIBRARY");
+	if (argc > 2 && strcmp(argv[1], "--async-fault-child") == 0) {
+		lib_path = argv[2];
+		return async_fault_child();
+	}
+	if (!lib_path) {
+		fprintf(stderr, "usage: %s path/to/libsopsim.so\n", argv[0]);
+		return 2;
+	}
+	/* A deadlock is a failure too. */
+	alarm(90);
+	setenv("SOP_SIM_DEVICES", "2", 1);
+	setenv("SOP_SIM_MEMORY", "64M", 1);
+	setenv("SOP_SIM_GRANULARITY", "2097152", 1);
+	setenv("SOP_SIM_FAIL", "cuDeviceGetName:2:CUDA_ERROR_UNKNOWN", 1);
+	load_library();
+
+	run("before-init", test_before_init);
+	if (drv.cuInit(0) != CUDA_SUCCESS || drv.cuDevicePrimaryCtxRetain(&ctx0, 0) ||
+	    drv.cuDevicePrimaryCtxRetain(&ctx1, 1) || drv.cuCtxSetCurrent(ctx0)) {
+		fprintf(stderr, "selftest: cannot initialise the simulated driver\n");
+		return 1;
+	}
+	gran = 2u << 20;
+	run("env-fault-rules", test_env_fault);
+	run("devices", test_devices);
+	run("contexts", test_contexts);
+	run("vmm-basics", test_vmm_basics);
+	run("vmm-handles", test_vmm_handles);
+	run("out-of-memory", test_out_of_memory);
+	run("fault-injection", test_fault_injection);
+	run("stream-order", test_stream_order);
+	run("host-functions", test_host_functions);
+	run("events", test_events);
+	run("legacy-stream", test_legacy_stream);
+	run("stream-destroy-pending", test_stream_destroy_pending);
+	run("threads", test_threads);
+	if (failures == 0) {
+		int before = failures;
+
+		test_async_fault(argv[0]);
+		if (failures == before) {
+			passed++;
+			printf("ok async-fault\n");
+		} else {
+			failed++;
+			printf("FAIL async-fault\n");
+		}
+	}
+
+	OK(drv.cuDevicePrimaryCtxRelease(0));
+	OK(drv.cuDevicePrimaryCtxRelease(1));
+	{
+		struct sim_live live;
+
+		drv.sim_live_get(&live);
+		if (live.primary_ctx_refs != 0)
+			failed++;
+	}
+	printf("%d passed, %d failed\n", passed, failed);
+	return failed ? 1 : 0;
+}

@@ -1,0 +1,193 @@
+/*
+ * Private declarations shared by the files of the simulated CUDA driver.
+ *
+ * sim.c        initialisation, configuration, call counting, fault injection,
+ *              devices, primary contexts, the per-thread context stack
+ * sim-table.c  a small intrusive hash table (handle and object registries)
+ * sim-lookup.c error strings and cuGetProcAddress
+ * sim-vmm.c    virtual memory management (reserve, create, map, access)
+ * sim-stream.c streams, events, asynchronous memsets, copies, host functions
+ */
+#ifndef SOP_SIM_INTERNAL_H
+#define SOP_SIM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+
+#include "sim.h"
+
+/* The library is built with hidden visibility; only this is exported. */
+#define SIM_EXPORT __attribute__((visibility("default")))
+
+/* Per-mapping access flags are kept in a fixed array of this many devices. */
+#define SIM_MAX_DEVICES 64
+
+#define SIM_STR_(x) #x
+/* Stringify after macro expansion: SIM_STR(cuStreamDestroy) is "cuStreamDestroy_v2". */
+#define SIM_STR(x) SIM_STR_(x)
+
+#define sim_container_of(ptr, type, member) \
+	((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+
+/*
+ * Every entry point, by the base name written in source. The list drives the
+ * call counters, the fault rules and the cuGetProcAddress table, so a new
+ * entry point is added here and defined with SIM_ENTER() at its top.
+ */
+#define SIM_ENTRY_POINTS(X) \
+	X(cuInit) X(cuDriverGetVersion) X(cuGetErrorString) X(cuGetErrorName) \
+	X(cuGetProcAddress) \
+	X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceGetUuid) \
+	X(cuDeviceTotalMem) X(cuDeviceGetAttribute) X(cuDeviceCanAccessPeer) \
+	X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) \
+	X(cuDevicePrimaryCtxGetState) \
+	X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent) \
+	X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuCtxGetId) \
+	X(cuCtxGetStreamPriorityRange) \
+	X(cuMemGetInfo) \
+	X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree) \
+	X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) \
+	X(cuMemGetAccess) X(cuMemExportToShareableHandle) \
+	X(cuMemImportFromShareableHandle) X(cuMemRetainAllocationHandle) \
+	X(cuMemGetAllocationPropertiesFromHandle) \
+	X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuStreamDestroy) \
+	X(cuStreamQuery) X(cuStreamSynchronize) X(cuStreamWaitEvent) \
+	X(cuStreamGetCtx) X(cuStreamGetFlags) X(cuStreamGetPriority) X(cuStreamGetId) \
+	X(cuStreamGetDevice) X(cuLaunchHostFunc) X(cuStreamAddCallback) \
+	X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventRecordWithFlags) \
+	X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime) \
+	X(cuMemsetD8Async) X(cuMemsetD16Async) X(cuMemsetD32Async) \
+	X(cuMemsetD8) X(cuMemsetD16) X(cuMemsetD32) \
+	X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemcpyAsync) \
+	X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemcpy) \
+	X(cuModuleLoadData) X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel)
+
+enum sim_entry {
+#define SIM_ENTRY_ENUM(name) SIM_E_##name,
+	SIM_ENTRY_POINTS(SIM_ENTRY_ENUM)
+#undef SIM_ENTRY_ENUM
+	SIM_E_COUNT
+};
+
+/* Base name of an entry point ("cuStreamDestroy"); NULL if out of range. */
+const char *sim_entry_name(enum sim_entry e);
+
+/*
+ * Gate at the top of every entry point: counts the call, refuses calls made
+ * from inside a host function, before cuInit (when need_init) and calls that
+ * a fault rule fails. Anything but CUDA_SUCCESS is returned as is.
+ */
+CUresult sim_enter(enum sim_entry e, bool need_init);
+
+#define SIM_ENTER_GATE(entry, need_init) \
+	do { \
+		CUresult enter_rc_ = sim_enter((entry), (need_init)); \
+		if (enter_rc_ != CUDA_SUCCESS) \
+			return enter_rc_; \
+	} while (0)
+/*
+ * For entry points that need cuInit first (nearly all). The name is pasted
+ * here, before cuda.h's macros could turn cuStreamDestroy into _v2.
+ */
+#define SIM_ENTER(name) SIM_ENTER_GATE(SIM_E_##name, true)
+/* For the few that the real driver also answers before cuInit. */
+#define SIM_ENTER_ANYTIME(name) SIM_ENTER_GATE(SIM_E_##name, false)
+
+/* Configuration, fixed by the first successful cuInit. */
+struct sim_config {
+	int ndevices;
+	size_t memory;		/* bytes of device memory per device */
+	size_t granularity;	/* allocation granularity, minimum = recommended */
+};
+extern struct sim_config sim_cfg;
+
+/* Abort with a message: a broken test setup or an impossible state. */
+_Noreturn void sim_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- per-thread state (sim.c) ---- */
+
+struct CUctx_st;
+struct CUstream_st;
+
+#define SIM_CTX_STACK_MAX 64
+
+/*
+ * What the driver keeps per thread. It lives in a pthread key rather than in
+ * _Thread_local variables: ThreadSanitizer reports the release of a dlopen'ed
+ * library's dynamic TLS as a data race, and the key's destructor is where an
+ * exiting thread gives up its per-thread default streams.
+ */
+struct sim_thread {
+	bool in_host_fn;	/* a stream worker runs a host function */
+	int ctx_depth;
+	struct CUctx_st *ctx_stack[SIM_CTX_STACK_MAX];
+	struct CUstream_st *per_thread[SIM_MAX_DEVICES];	/* CU_STREAM_PER_THREAD */
+};
+
+/* The calling thread's state; with create false, NULL if it has none yet. */
+struct sim_thread *sim_thread(bool create);
+
+/* CUDA_ERROR_* name to code (sim-lookup.c), for SOP_SIM_FAIL. */
+bool sim_error_by_name(const char *name, CUresult *code);
+
+/* ---- devices and contexts (sim.c) ---- */
+
+/* The primary context of one device; CUcontext points at it. */
+struct CUctx_st {
+	int device;
+	atomic_long refs;		/* primary context retain count */
+	atomic_ullong id;		/* changes on every activation */
+	/*
+	 * Orders enqueues on the legacy stream against enqueues on blocking
+	 * streams, and guards the two fields below. Taken before any stream lock.
+	 */
+	pthread_mutex_t lock;
+	struct CUstream_st *legacy;	/* created on first use */
+	struct CUstream_st *streams;	/* every stream whose worker still runs */
+};
+
+bool sim_device_valid(int dev);
+/* The context of a valid device. */
+struct CUctx_st *sim_ctx_of_device(int dev);
+/* The calling thread's current context, checked to be active. */
+CUresult sim_ctx_current(struct CUctx_st **out);
+
+/* ---- registry (sim-table.c) ---- */
+
+/* Embedded in each registered object; the key is its handle value. */
+struct sim_node {
+	struct sim_node *next;
+	uint64_t key;
+};
+
+/* Chained hash table; callers hold their own lock around every call. */
+struct sim_table {
+	struct sim_node **buckets;
+	size_t nbuckets;
+	size_t count;
+};
+
+struct sim_node *sim_table_find(struct sim_table *t, uint64_t key);
+void sim_table_insert(struct sim_table *t, struct sim_node *node);
+/* Removes and returns the node with `key`, or NULL. */
+struct sim_node *sim_table_remove(struct sim_table *t, uint64_t key);
+
+/* ---- memory (sim-vmm.c) ---- */
+
+/* Adds the VMM objects and physical bytes to out. */
+void sim_vmm_live(struct sim_live *out);
+/* Bytes of physical memory created on dev and not yet freed. */
+size_t sim_vmm_device_used(int dev);
+
+/* ---- streams and events (sim-stream.c) ---- */
+
+void sim_stream_live(struct sim_live *out);
+/* Retires an exiting thread's per-thread default streams. */
+void sim_stream_thread_exit(struct sim_thread *t);
+
+#endif /* SOP_SIM_INTERNAL_H */

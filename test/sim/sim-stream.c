@@ -1,0 +1,1187 @@
+/*
+ * Streams, events and asynchronous work of the simulated driver.
+ *
+ * Every stream has a worker thread that runs its operations in order: host
+ * functions, memsets, copies, event records and waits. Memsets and copies
+ * touch the memory from the worker, so a bad address faults there, late,
+ * like on a GPU.
+ *
+ * A stream counts the operations enqueued and completed; a "position" is a
+ * (stream, sequence number) pair, reached once `completed` gets there. Events
+ * hold the position of their last record; waits block a worker until another
+ * stream reaches a position. Objects are reference counted, so a stream stays
+ * alive (and its address unused) while its queue drains after cuStreamDestroy
+ * or while an event or a wait still refers to it.
+ *
+ * Legacy default stream semantics are made of implicit waits added at enqueue
+ * time, under the context lock so that enqueues are totally ordered: an
+ * operation on the legacy stream first waits for every blocking stream's
+ * pending work, and an operation on a blocking stream first waits for the
+ * legacy stream's pending work.
+ *
+ * Lock order: event lock, then context lock, then stream lock; the registry
+ * lock is taken alone.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sim-internal.h"
+
+enum op_kind {
+	OP_HOST_FN,
+	OP_CALLBACK,
+	OP_MEMSET,
+	OP_COPY,
+	OP_WAIT,
+	OP_RECORD,
+};
+
+struct op {
+	struct op *next;
+	enum op_kind kind;
+	union {
+		struct {
+			CUhostFn fn;
+			void *data;
+		} host;
+		struct {
+			CUstreamCallback fn;
+			CUstream handle;	/* as the caller named the stream */
+			void *data;
+		} callback;
+		struct {
+			void *dst;
+			size_t count;		/* elements */
+			unsigned value;
+			unsigned width;		/* bytes per element: 1, 2 or 4 */
+		} set;
+		struct {
+			void *dst;
+			const void *src;
+			size_t bytes;
+		} copy;
+		struct {
+			struct CUstream_st *stream;	/* holds a reference */
+			uint64_t seq;
+		} wait;
+		struct {
+			struct CUevent_st *event;	/* holds a reference */
+			uint64_t gen;
+		} record;
+	};
+};
+
+enum stream_kind {
+	STREAM_USER,
+	STREAM_LEGACY,
+	STREAM_PER_THREAD,
+};
+
+struct CUstream_st {
+	struct sim_node node;		/* registry entry of user streams */
+	struct CUctx_st *ctx;
+	enum stream_kind kind;
+	unsigned flags;
+	int priority;
+	unsigned long long id;
+	atomic_long refs;
+	struct CUstream_st *ctx_next;	/* ctx->streams, under ctx->lock */
+
+	pthread_mutex_t lock;		/* everything below */
+	pthread_cond_t work_cv;		/* to the worker: new op, or retired */
+	pthread_cond_t done_cv;		/* to waiters: `completed` moved */
+	struct op *head, *tail;
+	uint64_t enqueued;
+	uint64_t completed;
+	bool retired;			/* takes no more work; worker exits when drained */
+};
+
+struct CUevent_st {
+	struct sim_node node;		/* registry entry */
+	struct CUctx_st *ctx;
+	unsigned flags;
+	atomic_long refs;
+
+	pthread_mutex_t lock;		/* everything below */
+	struct CUstream_st *stream;	/* last record's position; NULL: never recorded */
+	uint64_t seq;
+	uint64_t gen;			/* number of records so far */
+	struct timespec time;		/* when the record of `gen` ran */
+};
+
+/* A position to wait for, with a reference on its stream. */
+struct pos {
+	struct CUstream_st *stream;
+	uint64_t seq;
+};
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sim_table stream_registry;
+static struct sim_table event_registry;
+static long live_streams;
+static long live_events;
+
+/* Ids are never reused, unlike addresses. */
+static atomic_ullong next_stream_id = 1;
+
+/* ---- reference counting ---- */
+
+static void stream_ref(struct CUstream_st *s)
+{
+	atomic_fetch_add(&s->refs, 1);
+}
+
+static void stream_put(struct CUstream_st *s)
+{
+	if (atomic_fetch_sub(&s->refs, 1) != 1)
+		return;
+	pthread_mutex_destroy(&s->lock);
+	pthread_cond_destroy(&s->work_cv);
+	pthread_cond_destroy(&s->done_cv);
+	free(s);
+}
+
+static void event_put(struct CUevent_st *e)
+{
+	if (atomic_fetch_sub(&e->refs, 1) != 1)
+		return;
+	if (e->stream)
+		stream_put(e->stream);
+	pthread_mutex_destroy(&e->lock);
+	free(e);
+}
+
+static void op_free(struct op *op)
+{
+	if (op->kind == OP_WAIT)
+		stream_put(op->wait.stream);
+	else if (op->kind == OP_RECORD)
+		event_put(op->record.event);
+	free(op);
+}
+
+static void op_free_list(struct op *op)
+{
+	while (op) {
+		struct op *next = op->next;
+
+		op_free(op);
+		op = next;
+	}
+}
+
+/* ---- positions ---- */
+
+static bool pos_reached(struct CUstream_st *s, uint64_t seq)
+{
+	bool done;
+
+	pthread_mutex_lock(&s->lock);
+	done = s->completed >= seq;
+	pthread_mutex_unlock(&s->lock);
+	return done;
+}
+
+static void pos_wait(struct CUstream_st *s, uint64_t seq)
+{
+	pthread_mutex_lock(&s->lock);
+	while (s->completed < seq)
+		pthread_cond_wait(&s->done_cv, &s->lock);
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* The stream's current end, or 0 when all its work is done already. */
+static uint64_t pending_end(struct CUstream_st *s)
+{
+	uint64_t end;
+
+	pthread_mutex_lock(&s->lock);
+	end = s->completed < s->enqueued ? s->enqueued : 0;
+	pthread_mutex_unlock(&s->lock);
+	return end;
+}
+
+static bool is_blocking(const struct CUstream_st *s)
+{
+	return s->kind != STREAM_LEGACY && !(s->flags & CU_STREAM_NON_BLOCKING);
+}
+
+/*
+ * The pending ends of the context's streams: all of them (legacy_only false,
+ * for cuCtxSynchronize), or the legacy stream and the blocking streams (what
+ * synchronising with the legacy stream means). Free with positions_drop().
+ */
+static CUresult ctx_positions(struct CUctx_st *ctx, bool legacy_only, struct pos **out, size_t *n)
+{
+	struct CUstream_st *s;
+	struct pos *p;
+	size_t cap = 0;
+
+	pthread_mutex_lock(&ctx->lock);
+	for (s = ctx->streams; s; s = s->ctx_next)
+		cap++;
+	p = malloc((cap ? cap : 1) * sizeof(*p));
+	if (!p) {
+		pthread_mutex_unlock(&ctx->lock);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*n = 0;
+	for (s = ctx->streams; s; s = s->ctx_next) {
+		uint64_t end;
+
+		if (legacy_only && s->kind != STREAM_LEGACY && !is_blocking(s))
+			continue;
+		end = pending_end(s);
+		if (!end)
+			continue;
+		stream_ref(s);
+		p[*n].stream = s;
+		p[(*n)++].seq = end;
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	*out = p;
+	return CUDA_SUCCESS;
+}
+
+static void positions_drop(struct pos *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		stream_put(p[i].stream);
+	free(p);
+}
+
+/* ---- the worker ---- */
+
+static void run_memset(const struct op *op)
+{
+	size_t n = op->set.count;
+
+	if (op->set.width == 1) {
+		memset(op->set.dst, (int)op->set.value, n);
+	} else if (op->set.width == 2) {
+		uint16_t *d = op->set.dst;
+
+		for (size_t i = 0; i < n; i++)
+			d[i] = (uint16_t)op->set.value;
+	} else {
+		uint32_t *d = op->set.dst;
+
+		for (size_t i = 0; i < n; i++)
+			d[i] = op->set.value;
+	}
+}
+
+static void run_record(const struct op *op)
+{
+	struct CUevent_st *e = op->record.event;
+
+	pthread_mutex_lock(&e->lock);
+	/* A record that was overwritten by a later one leaves no trace. */
+	if (e->gen == op->record.gen)
+		clock_gettime(CLOCK_MONOTONIC, &e->time);
+	pthread_mutex_unlock(&e->lock);
+}
+
+static void op_run(const struct op *op)
+{
+	struct sim_thread *t;
+
+	switch (op->kind) {
+	case OP_HOST_FN:
+		t = sim_thread(true);
+		t->in_host_fn = true;
+		op->host.fn(op->host.data);
+		t->in_host_fn = false;
+		break;
+	case OP_CALLBACK:
+		t = sim_thread(true);
+		t->in_host_fn = true;
+		op->callback.fn(op->callback.handle, CUDA_SUCCESS, op->callback.data);
+		t->in_host_fn = false;
+		break;
+	case OP_MEMSET:
+		run_memset(op);
+		break;
+	case OP_COPY:
+		memcpy(op->copy.dst, op->copy.src, op->copy.bytes);
+		break;
+	case OP_WAIT:
+		pos_wait(op->wait.stream, op->wait.seq);
+		break;
+	case OP_RECORD:
+		run_record(op);
+		break;
+	}
+}
+
+static void ctx_unlink(struct CUstream_st *s)
+{
+	struct CUstream_st **link;
+
+	pthread_mutex_lock(&s->ctx->lock);
+	for (link = &s->ctx->streams; *link != s; link = &(*link)->ctx_next)
+		;
+	*link = s->ctx_next;
+	pthread_mutex_unlock(&s->ctx->lock);
+}
+
+static void *stream_worker(void *arg)
+{
+	struct CUstream_st *s = arg;
+	struct op *op;
+
+	pthread_mutex_lock(&s->lock);
+	for (;;) {
+		while (!s->head && !s->retired)
+			pthread_cond_wait(&s->work_cv, &s->lock);
+		op = s->head;
+		if (!op)
+			break;
+		/* The op stays queued while it runs: the stream is not idle yet. */
+		pthread_mutex_unlock(&s->lock);
+		op_run(op);
+		pthread_mutex_lock(&s->lock);
+		s->head = op->next;
+		if (!s->head)
+			s->tail = NULL;
+		s->completed++;
+		pthread_cond_broadcast(&s->done_cv);
+		pthread_mutex_unlock(&s->lock);
+		op_free(op);
+		pthread_mutex_lock(&s->lock);
+	}
+	pthread_mutex_unlock(&s->lock);
+	ctx_unlink(s);
+	stream_put(s);
+	return NULL;
+}
+
+/* ---- stream objects ---- */
+
+/* A new stream with a running worker, linked into ctx; caller holds ctx->lock. */
+static CUresult stream_new_locked(struct CUctx_st *ctx, enum stream_kind kind, unsigned flags,
+				  int priority, struct CUstream_st **out)
+{
+	struct CUstream_st *s = calloc(1, sizeof(*s));
+	pthread_attr_t attr;
+	pthread_t thread;
+	int err;
+
+	if (!s)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	s->ctx = ctx;
+	s->kind = kind;
+	s->flags = flags;
+	s->priority = priority;
+	s->id = atomic_fetch_add(&next_stream_id, 1);
+	s->node.key = (uint64_t)(uintptr_t)s;
+	/* One reference for the owner (handle, context or thread), one for the worker. */
+	atomic_init(&s->refs, 2);
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->work_cv, NULL);
+	pthread_cond_init(&s->done_cv, NULL);
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	err = pthread_create(&thread, &attr, stream_worker, s);
+	pthread_attr_destroy(&attr);
+	if (err) {
+		atomic_store(&s->refs, 1);
+		stream_put(s);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	/* The worker unlinks itself under ctx->lock, which the caller holds. */
+	s->ctx_next = ctx->streams;
+	ctx->streams = s;
+	*out = s;
+	return CUDA_SUCCESS;
+}
+
+/* No more work for s: its worker finishes what is queued and exits. */
+static void stream_retire(struct CUstream_st *s)
+{
+	pthread_mutex_lock(&s->lock);
+	s->retired = true;
+	pthread_cond_signal(&s->work_cv);
+	pthread_mutex_unlock(&s->lock);
+}
+
+static CUresult ctx_legacy(struct CUctx_st *ctx, struct CUstream_st **out)
+{
+	CUresult rc = CUDA_SUCCESS;
+
+	pthread_mutex_lock(&ctx->lock);
+	if (!ctx->legacy)
+		rc = stream_new_locked(ctx, STREAM_LEGACY, 0, 0, &ctx->legacy);
+	if (rc == CUDA_SUCCESS) {
+		*out = ctx->legacy;
+		stream_ref(*out);
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	return rc;
+}
+
+/* Retired by the thread state's destructor when the thread exits. */
+void sim_stream_thread_exit(struct sim_thread *t)
+{
+	for (int i = 0; i < SIM_MAX_DEVICES; i++) {
+		if (t->per_thread[i]) {
+			stream_retire(t->per_thread[i]);
+			stream_put(t->per_thread[i]);
+			t->per_thread[i] = NULL;
+		}
+	}
+}
+
+/* The calling thread's default stream in ctx, created on first use. */
+static CUresult ctx_per_thread(struct CUctx_st *ctx, struct CUstream_st **out)
+{
+	struct sim_thread *t = sim_thread(true);
+	struct CUstream_st **slot = &t->per_thread[ctx->device];
+	CUresult rc;
+
+	if (!*slot) {
+		pthread_mutex_lock(&ctx->lock);
+		rc = stream_new_locked(ctx, STREAM_PER_THREAD, 0, 0, slot);
+		pthread_mutex_unlock(&ctx->lock);
+		if (rc != CUDA_SUCCESS)
+			return rc;
+	}
+	*out = *slot;
+	stream_ref(*out);
+	return CUDA_SUCCESS;
+}
+
+/*
+ * The stream a handle names, with a reference: NULL and CU_STREAM_LEGACY are
+ * the current context's legacy stream, CU_STREAM_PER_THREAD its per-thread
+ * stream; anything else must be a live stream.
+ */
+static CUresult stream_get(CUstream handle, struct CUstream_st **out)
+{
+	struct CUctx_st *ctx;
+	struct sim_node *n;
+	CUresult rc;
+
+	if (handle == NULL || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD) {
+		rc = sim_ctx_current(&ctx);
+		if (rc != CUDA_SUCCESS)
+			return rc;
+		if (handle == CU_STREAM_PER_THREAD)
+			return ctx_per_thread(ctx, out);
+		return ctx_legacy(ctx, out);
+	}
+	pthread_mutex_lock(&registry_lock);
+	n = sim_table_find(&stream_registry, (uint64_t)(uintptr_t)handle);
+	if (n) {
+		*out = sim_container_of(n, struct CUstream_st, node);
+		stream_ref(*out);
+	}
+	pthread_mutex_unlock(&registry_lock);
+	return n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+static CUresult event_get(CUevent handle, struct CUevent_st **out)
+{
+	struct sim_node *n;
+
+	pthread_mutex_lock(&registry_lock);
+	n = sim_table_find(&event_registry, (uint64_t)(uintptr_t)handle);
+	if (n) {
+		*out = sim_container_of(n, struct CUevent_st, node);
+		atomic_fetch_add(&(*out)->refs, 1);
+	}
+	pthread_mutex_unlock(&registry_lock);
+	return n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* ---- enqueueing ---- */
+
+static struct op *op_wait_new(struct CUstream_st *target, uint64_t seq)
+{
+	struct op *w = calloc(1, sizeof(*w));
+
+	if (w) {
+		w->kind = OP_WAIT;
+		stream_ref(target);
+		w->wait.stream = target;
+		w->wait.seq = seq;
+	}
+	return w;
+}
+
+/* Appends a wait for target's pending work to *list; false if out of memory. */
+static bool implicit_wait(struct CUstream_st *target, struct op **list)
+{
+	uint64_t end = pending_end(target);
+	struct op *w;
+
+	if (!end)
+		return true;
+	w = op_wait_new(target, end);
+	if (!w)
+		return false;
+	w->next = *list;
+	*list = w;
+	return true;
+}
+
+/* The implicit waits that legacy stream semantics put in front of work on s. */
+static bool legacy_waits(struct CUstream_st *s, struct op **list)
+{
+	struct CUctx_st *ctx = s->ctx;
+
+	if (s->kind != STREAM_LEGACY)
+		return !ctx->legacy || implicit_wait(ctx->legacy, list);
+	for (struct CUstream_st *t = ctx->streams; t; t = t->ctx_next)
+		if (t != s && is_blocking(t) && !implicit_wait(t, list))
+			return false;
+	return true;
+}
+
+/* Appends the list (ending in the caller's op) to s; gives the last op's position. */
+static CUresult push(struct CUstream_st *s, struct op *list, uint64_t *seq)
+{
+	struct op *last = list;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->retired) {
+		/* Only a use racing with cuStreamDestroy gets here. */
+		pthread_mutex_unlock(&s->lock);
+		return CUDA_ERROR_INVALID_HANDLE;
+	}
+	s->enqueued++;
+	while (last->next) {
+		last = last->next;
+		s->enqueued++;
+	}
+	if (s->tail)
+		s->tail->next = list;
+	else
+		s->head = list;
+	s->tail = last;
+	*seq = s->enqueued;
+	pthread_cond_signal(&s->work_cv);
+	pthread_mutex_unlock(&s->lock);
+	return CUDA_SUCCESS;
+}
+
+/* Enqueues op (taking ownership of it, even on failure) on s. */
+static CUresult enqueue(struct CUstream_st *s, struct op *op, uint64_t *seq)
+{
+	struct op *list = NULL, **tail;
+	CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+
+	op->next = NULL;
+	if (s->kind != STREAM_LEGACY && !is_blocking(s)) {
+		rc = push(s, op, seq);
+		if (rc != CUDA_SUCCESS)
+			op_free(op);
+		return rc;
+	}
+	/* The context lock makes the snapshot and the append one step. */
+	pthread_mutex_lock(&s->ctx->lock);
+	if (legacy_waits(s, &list)) {
+		for (tail = &list; *tail; tail = &(*tail)->next)
+			;
+		*tail = op;
+		rc = push(s, list, seq);
+		op = NULL;	/* now part of list */
+	}
+	pthread_mutex_unlock(&s->ctx->lock);
+	if (rc != CUDA_SUCCESS) {
+		op_free_list(list);
+		if (op)
+			op_free(op);
+	}
+	return rc;
+}
+
+/* Enqueues a copy of *tmpl on the stream named by handle; waits for it if sync. */
+static CUresult submit(CUstream handle, const struct op *tmpl, bool sync)
+{
+	struct CUstream_st *s;
+	struct op *op;
+	uint64_t seq;
+	CUresult rc;
+
+	rc = stream_get(handle, &s);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	op = malloc(sizeof(*op));
+	if (!op) {
+		stream_put(s);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*op = *tmpl;
+	rc = enqueue(s, op, &seq);
+	if (rc == CUDA_SUCCESS && sync)
+		pos_wait(s, seq);
+	stream_put(s);
+	return rc;
+}
+
+/* ---- streams ---- */
+
+static CUresult stream_create(CUstream *ph, unsigned flags, int priority)
+{
+	struct CUctx_st *ctx;
+	struct CUstream_st *s;
+	CUresult rc;
+
+	if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = sim_ctx_current(&ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	pthread_mutex_lock(&ctx->lock);
+	rc = stream_new_locked(ctx, STREAM_USER, flags, priority, &s);
+	pthread_mutex_unlock(&ctx->lock);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	pthread_mutex_lock(&registry_lock);
+	sim_table_insert(&stream_registry, &s->node);
+	live_streams++;
+	pthread_mutex_unlock(&registry_lock);
+	*ph = s;
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamCreate(CUstream *ph, unsigned int flags)
+{
+	SIM_ENTER(cuStreamCreate);
+	return stream_create(ph, flags, 0);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *ph, unsigned int flags,
+						       int priority)
+{
+	SIM_ENTER(cuStreamCreateWithPriority);
+	/* Like the driver, clamp to the range cuCtxGetStreamPriorityRange gives. */
+	if (priority < -5)
+		priority = -5;
+	if (priority > 0)
+		priority = 0;
+	return stream_create(ph, flags, priority);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream handle)
+{
+	struct sim_node *n;
+	struct CUstream_st *s;
+
+	SIM_ENTER(cuStreamDestroy);
+	pthread_mutex_lock(&registry_lock);
+	n = sim_table_remove(&stream_registry, (uint64_t)(uintptr_t)handle);
+	if (n)
+		live_streams--;
+	pthread_mutex_unlock(&registry_lock);
+	if (!n)
+		return CUDA_ERROR_INVALID_HANDLE;
+	/* Returns at once; queued work still runs, then the worker lets go. */
+	s = sim_container_of(n, struct CUstream_st, node);
+	stream_retire(s);
+	stream_put(s);
+	return CUDA_SUCCESS;
+}
+
+/* Reached: every position of the stream's current work (legacy: and the blocking streams'). */
+static CUresult stream_reach(CUstream handle, bool wait)
+{
+	struct CUstream_st *s;
+	struct pos *p, one;
+	size_t n = 1;
+	bool done = true;
+	CUresult rc;
+
+	rc = stream_get(handle, &s);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (s->kind == STREAM_LEGACY) {
+		rc = ctx_positions(s->ctx, true, &p, &n);
+		stream_put(s);
+		if (rc != CUDA_SUCCESS)
+			return rc;
+	} else {
+		one.stream = s;
+		pthread_mutex_lock(&s->lock);
+		one.seq = s->enqueued;
+		pthread_mutex_unlock(&s->lock);
+		p = &one;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (wait)
+			pos_wait(p[i].stream, p[i].seq);
+		else if (!pos_reached(p[i].stream, p[i].seq))
+			done = false;
+	}
+	if (p == &one)
+		stream_put(s);
+	else
+		positions_drop(p, n);
+	return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamQuery(CUstream handle)
+{
+	SIM_ENTER(cuStreamQuery);
+	return stream_reach(handle, false);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream handle)
+{
+	SIM_ENTER(cuStreamSynchronize);
+	return stream_reach(handle, true);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuCtxSynchronize(void)
+{
+	struct CUctx_st *ctx;
+	struct pos *p;
+	size_t n;
+	CUresult rc;
+
+	SIM_ENTER(cuCtxSynchronize);
+	rc = sim_ctx_current(&ctx);
+	if (rc == CUDA_SUCCESS)
+		rc = ctx_positions(ctx, false, &p, &n);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	for (size_t i = 0; i < n; i++)
+		pos_wait(p[i].stream, p[i].seq);
+	positions_drop(p, n);
+	return CUDA_SUCCESS;
+}
+
+/* Runs get() on the stream the handle names; for the simple getters. */
+#define WITH_STREAM(handle, out, get) \
+	do { \
+		struct CUstream_st *s_; \
+		CUresult rc_; \
+		if (!(out)) \
+			return CUDA_ERROR_INVALID_VALUE; \
+		rc_ = stream_get((handle), &s_); \
+		if (rc_ != CUDA_SUCCESS) \
+			return rc_; \
+		*(out) = (get); \
+		stream_put(s_); \
+		return CUDA_SUCCESS; \
+	} while (0)
+
+SIM_EXPORT CUresult CUDAAPI cuStreamGetCtx(CUstream handle, CUcontext *pctx)
+{
+	SIM_ENTER(cuStreamGetCtx);
+	WITH_STREAM(handle, pctx, s_->ctx);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamGetFlags(CUstream handle, unsigned int *flags)
+{
+	SIM_ENTER(cuStreamGetFlags);
+	WITH_STREAM(handle, flags, s_->flags);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamGetPriority(CUstream handle, int *priority)
+{
+	SIM_ENTER(cuStreamGetPriority);
+	WITH_STREAM(handle, priority, s_->priority);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamGetId(CUstream handle, unsigned long long *id)
+{
+	SIM_ENTER(cuStreamGetId);
+	WITH_STREAM(handle, id, s_->id);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamGetDevice(CUstream handle, CUdevice *device)
+{
+	SIM_ENTER(cuStreamGetDevice);
+	WITH_STREAM(handle, device, s_->ctx->device);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuLaunchHostFunc(CUstream handle, CUhostFn fn, void *data)
+{
+	struct op op = { .kind = OP_HOST_FN, .host = { fn, data } };
+
+	SIM_ENTER(cuLaunchHostFunc);
+	if (!fn)
+		return CUDA_ERROR_INVALID_VALUE;
+	return submit(handle, &op, false);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamAddCallback(CUstream handle, CUstreamCallback fn, void *data,
+						unsigned int flags)
+{
+	struct op op = { .kind = OP_CALLBACK, .callback = { fn, handle, data } };
+
+	SIM_ENTER(cuStreamAddCallback);
+	if (!fn || flags != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	return submit(handle, &op, false);
+}
+
+/* ---- memsets and copies ---- */
+
+static CUresult memset_submit(CUdeviceptr dst, unsigned value, unsigned width, size_t count,
+			      CUstream handle, bool sync)
+{
+	struct op op = {
+		.kind = OP_MEMSET,
+		.set = { (void *)(uintptr_t)dst, count, value, width },
+	};
+
+	/* The driver refuses misaligned 16- and 32-bit memsets. */
+	if (!dst || dst % width != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	return submit(handle, &op, sync);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t n,
+					    CUstream handle)
+{
+	SIM_ENTER(cuMemsetD8Async);
+	return memset_submit(dst, uc, 1, n, handle, false);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemsetD16Async(CUdeviceptr dst, unsigned short us, size_t n,
+					     CUstream handle)
+{
+	SIM_ENTER(cuMemsetD16Async);
+	return memset_submit(dst, us, 2, n, handle, false);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t n,
+					     CUstream handle)
+{
+	SIM_ENTER(cuMemsetD32Async);
+	return memset_submit(dst, ui, 4, n, handle, false);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemsetD8(CUdeviceptr dst, unsigned char uc, size_t n)
+{
+	SIM_ENTER(cuMemsetD8);
+	return memset_submit(dst, uc, 1, n, NULL, true);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemsetD16(CUdeviceptr dst, unsigned short us, size_t n)
+{
+	SIM_ENTER(cuMemsetD16);
+	return memset_submit(dst, us, 2, n, NULL, true);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemsetD32(CUdeviceptr dst, unsigned int ui, size_t n)
+{
+	SIM_ENTER(cuMemsetD32);
+	return memset_submit(dst, ui, 4, n, NULL, true);
+}
+
+static CUresult copy_submit(void *dst, const void *src, size_t bytes, CUstream handle, bool sync)
+{
+	struct op op = { .kind = OP_COPY, .copy = { dst, src, bytes } };
+
+	if (bytes && (!dst || !src))
+		return CUDA_ERROR_INVALID_VALUE;
+	return submit(handle, &op, sync);
+}
+
+#define DPTR(p) ((void *)(uintptr_t)(p))
+
+SIM_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n,
+					      CUstream handle)
+{
+	SIM_ENTER(cuMemcpyHtoDAsync);
+	return copy_submit(DPTR(dst), src, n, handle, false);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n,
+					      CUstream handle)
+{
+	SIM_ENTER(cuMemcpyDtoHAsync);
+	return copy_submit(dst, DPTR(src), n, handle, false);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n,
+					      CUstream handle)
+{
+	SIM_ENTER(cuMemcpyDtoDAsync);
+	return copy_submit(DPTR(dst), DPTR(src), n, handle, false);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n,
+					  CUstream handle)
+{
+	SIM_ENTER(cuMemcpyAsync);
+	return copy_submit(DPTR(dst), DPTR(src), n, handle, false);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n)
+{
+	SIM_ENTER(cuMemcpyHtoD);
+	return copy_submit(DPTR(dst), src, n, NULL, true);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n)
+{
+	SIM_ENTER(cuMemcpyDtoH);
+	return copy_submit(dst, DPTR(src), n, NULL, true);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+	SIM_ENTER(cuMemcpyDtoD);
+	return copy_submit(DPTR(dst), DPTR(src), n, NULL, true);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+	SIM_ENTER(cuMemcpy);
+	return copy_submit(DPTR(dst), DPTR(src), n, NULL, true);
+}
+
+/* ---- events ---- */
+
+SIM_EXPORT CUresult CUDAAPI cuEventCreate(CUevent *ph, unsigned int flags)
+{
+	const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING |
+			       CU_EVENT_INTERPROCESS;
+	struct CUctx_st *ctx;
+	struct CUevent_st *e;
+	CUresult rc;
+
+	SIM_ENTER(cuEventCreate);
+	if (!ph || (flags & ~known))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (flags & CU_EVENT_INTERPROCESS)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	rc = sim_ctx_current(&ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	e->ctx = ctx;
+	e->flags = flags;
+	e->node.key = (uint64_t)(uintptr_t)e;
+	atomic_init(&e->refs, 1);
+	pthread_mutex_init(&e->lock, NULL);
+	pthread_mutex_lock(&registry_lock);
+	sim_table_insert(&event_registry, &e->node);
+	live_events++;
+	pthread_mutex_unlock(&registry_lock);
+	*ph = e;
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuEventDestroy(CUevent handle)
+{
+	struct sim_node *n;
+
+	SIM_ENTER(cuEventDestroy);
+	pthread_mutex_lock(&registry_lock);
+	n = sim_table_remove(&event_registry, (uint64_t)(uintptr_t)handle);
+	if (n)
+		live_events--;
+	pthread_mutex_unlock(&registry_lock);
+	if (!n)
+		return CUDA_ERROR_INVALID_HANDLE;
+	/* A pending record keeps its own reference; the event dies after it. */
+	event_put(sim_container_of(n, struct CUevent_st, node));
+	return CUDA_SUCCESS;
+}
+
+static CUresult event_record(CUevent handle, CUstream stream_handle)
+{
+	struct CUevent_st *e;
+	struct CUstream_st *s, *old = NULL;
+	struct op *op;
+	uint64_t seq;
+	CUresult rc;
+
+	rc = event_get(handle, &e);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = stream_get(stream_handle, &s);
+	if (rc != CUDA_SUCCESS)
+		goto out_event;
+	rc = CUDA_ERROR_INVALID_HANDLE;
+	if (s->ctx != e->ctx)
+		goto out_stream;
+	rc = CUDA_ERROR_OUT_OF_MEMORY;
+	op = calloc(1, sizeof(*op));
+	if (!op)
+		goto out_stream;
+	op->kind = OP_RECORD;
+	op->record.event = e;
+	atomic_fetch_add(&e->refs, 1);
+	/* Under the event lock, so that concurrent records of e are ordered. */
+	pthread_mutex_lock(&e->lock);
+	op->record.gen = e->gen + 1;
+	rc = enqueue(s, op, &seq);
+	if (rc == CUDA_SUCCESS) {
+		old = e->stream;
+		stream_ref(s);
+		e->stream = s;
+		e->seq = seq;
+		e->gen++;
+	}
+	pthread_mutex_unlock(&e->lock);
+	if (old)
+		stream_put(old);
+out_stream:
+	stream_put(s);
+out_event:
+	event_put(e);
+	return rc;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuEventRecord(CUevent handle, CUstream stream)
+{
+	SIM_ENTER(cuEventRecord);
+	return event_record(handle, stream);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent handle, CUstream stream,
+						   unsigned int flags)
+{
+	SIM_ENTER(cuEventRecordWithFlags);
+	/* EXTERNAL only matters under stream capture, which is not simulated. */
+	if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)
+		return CUDA_ERROR_INVALID_VALUE;
+	return event_record(handle, stream);
+}
+
+/* The event's last record position, with a reference; stream NULL if never recorded. */
+static CUresult event_position(CUevent handle, struct pos *p)
+{
+	struct CUevent_st *e;
+	CUresult rc;
+
+	rc = event_get(handle, &e);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	pthread_mutex_lock(&e->lock);
+	p->stream = e->stream;
+	p->seq = e->seq;
+	if (p->stream)
+		stream_ref(p->stream);
+	pthread_mutex_unlock(&e->lock);
+	event_put(e);
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuEventQuery(CUevent handle)
+{
+	struct pos p;
+	bool done;
+	CUresult rc;
+
+	SIM_ENTER(cuEventQuery);
+	rc = event_position(handle, &p);
+	if (rc != CUDA_SUCCESS || !p.stream)
+		return rc;
+	done = pos_reached(p.stream, p.seq);
+	stream_put(p.stream);
+	return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent handle)
+{
+	struct pos p;
+	CUresult rc;
+
+	SIM_ENTER(cuEventSynchronize);
+	rc = event_position(handle, &p);
+	if (rc != CUDA_SUCCESS || !p.stream)
+		return rc;
+	pos_wait(p.stream, p.seq);
+	stream_put(p.stream);
+	return CUDA_SUCCESS;
+}
+
+/* When a timed, recorded and completed event happened. */
+static CUresult event_time(struct CUevent_st *e, struct timespec *t)
+{
+	CUresult rc = CUDA_SUCCESS;
+
+	if (e->flags & CU_EVENT_DISABLE_TIMING)
+		return CUDA_ERROR_INVALID_HANDLE;
+	pthread_mutex_lock(&e->lock);
+	if (!e->stream)
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	else if (!pos_reached(e->stream, e->seq))
+		rc = CUDA_ERROR_NOT_READY;
+	else
+		*t = e->time;
+	pthread_mutex_unlock(&e->lock);
+	return rc;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuEventElapsedTime(float *ms, CUevent start, CUevent end)
+{
+	struct CUevent_st *a, *b;
+	struct timespec ta, tb;
+	CUresult rc;
+
+	SIM_ENTER(cuEventElapsedTime);
+	if (!ms)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = event_get(start, &a);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = event_get(end, &b);
+	if (rc == CUDA_SUCCESS) {
+		rc = event_time(a, &ta);
+		if (rc == CUDA_SUCCESS)
+			rc = event_time(b, &tb);
+		if (rc == CUDA_SUCCESS)
+			*ms = (float)((double)(tb.tv_sec - ta.tv_sec) * 1e3 +
+				      (double)(tb.tv_nsec - ta.tv_nsec) / 1e6);
+		event_put(b);
+	}
+	event_put(a);
+	return rc;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream handle, CUevent event, unsigned int flags)
+{
+	struct CUstream_st *s;
+	struct pos p;
+	struct op *op;
+	uint64_t seq;
+	CUresult rc;
+
+	SIM_ENTER(cuStreamWaitEvent);
+	if (flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = stream_get(handle, &s);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	/* The record as it is now; a later record does not move this wait. */
+	rc = event_position(event, &p);
+	if (rc != CUDA_SUCCESS || !p.stream)
+		goto out;
+	op = calloc(1, sizeof(*op));
+	if (!op) {
+		stream_put(p.stream);
+		rc = CUDA_ERROR_OUT_OF_MEMORY;
+		goto out;
+	}
+	op->kind = OP_WAIT;
+	op->wait.stream = p.stream;	/* the reference moves into the op */
+	op->wait.seq = p.seq;
+	rc = enqueue(s, op, &seq);
+out:
+	stream_put(s);
+	return rc;
+}
+
+void sim_stream_live(struct sim_live *out)
+{
+	pthread_mutex_lock(&registry_lock);
+	out->streams = live_streams;
+	out->events = live_events;
+	pthread_mutex_unlock(&registry_lock);
+}

@@ -1,0 +1,784 @@
+/*
+ * Virtual memory management of the simulated driver.
+ *
+ * Device memory is host memory, so that a CUdeviceptr is a real address and a
+ * bug faults like it would on a GPU:
+ *   reservation  an anonymous PROT_NONE mmap, aligned as asked
+ *   physical     a memfd of the allocation's size (cuMemCreate)
+ *   mapping      the memfd mmap'ed MAP_SHARED|MAP_FIXED over the reservation,
+ *                still PROT_NONE until cuMemSetAccess mprotects it
+ *   unmapping    the range turned back into an anonymous PROT_NONE mapping
+ * Every piece of state lives under one lock; these calls are not hot.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sim-internal.h"
+
+/* Physical memory: one memfd, shared by every handle that refers to it. */
+struct phys {
+	struct phys *next;	/* all live physical allocations, for import */
+	int fd;
+	size_t size;
+	int device;
+	unsigned handle_types;	/* CUmemAllocationHandleType bits */
+	bool accounted;		/* counted against its device (created here) */
+	dev_t st_dev;		/* identity of the memfd, to recognise imports */
+	ino_t st_ino;
+	long handles;		/* handle records that refer to it */
+};
+
+/*
+ * An allocation handle. It stays registered while mappings made through it
+ * exist, even once released, so that cuMemRetainAllocationHandle gives back
+ * the very value that was mapped (as the real driver does).
+ */
+struct handle {
+	struct sim_node node;	/* key: the CUmemGenericAllocationHandle value */
+	struct phys *phys;
+	long refs;		/* create/import/retain minus release */
+	long maps;		/* live mappings made through this handle */
+};
+
+struct reservation {
+	uintptr_t base;
+	size_t size;
+};
+
+struct mapping {
+	uintptr_t base;
+	size_t size;
+	struct handle *handle;
+	unsigned char access[SIM_MAX_DEVICES];	/* CUmemAccess_flags per device */
+};
+
+static pthread_mutex_t vmm_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sim_table handles;
+static uint64_t next_handle = 1;
+static struct phys *phys_list;
+static size_t device_used[SIM_MAX_DEVICES];
+
+/* Both arrays are sorted by base and never overlap. */
+static struct reservation *resv;
+static size_t nresv, resv_cap;
+static struct mapping *maps;
+static size_t nmaps, maps_cap;
+
+static long live_handle_refs;
+static size_t live_phys_bytes;
+
+/* ---- sorted arrays ---- */
+
+/* Makes room for one element at `at`; false if out of memory. */
+static bool array_open(void **array, size_t *n, size_t *cap, size_t elem, size_t at)
+{
+	char *a = *array;
+
+	if (*n == *cap) {
+		size_t ncap = *cap ? *cap * 2 : 16;
+
+		a = realloc(a, ncap * elem);
+		if (!a)
+			return false;
+		*array = a;
+		*cap = ncap;
+	}
+	memmove(a + (at + 1) * elem, a + at * elem, (*n - at) * elem);
+	(*n)++;
+	return true;
+}
+
+static void array_close(void *array, size_t *n, size_t elem, size_t at, size_t count)
+{
+	char *a = array;
+
+	memmove(a + at * elem, a + (at + count) * elem, (*n - at - count) * elem);
+	*n -= count;
+}
+
+/* Index of the first mapping that ends after p (nmaps if none). */
+static size_t map_index_after(uintptr_t p)
+{
+	size_t lo = 0, hi = nmaps;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (maps[mid].base + maps[mid].size > p)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	return lo;
+}
+
+static struct mapping *map_containing(uintptr_t p)
+{
+	size_t i = map_index_after(p);
+
+	return i < nmaps && maps[i].base <= p ? &maps[i] : NULL;
+}
+
+static bool range_has_mapping(uintptr_t p, size_t size)
+{
+	size_t i = map_index_after(p);
+
+	return i < nmaps && maps[i].base < p + size;
+}
+
+/*
+ * The mappings that exactly tile [p, p + size): the first starts at p, each
+ * next one starts where the last ended, the last ends at p + size. Gives the
+ * index of the first and their count, or false.
+ */
+static bool whole_mappings(uintptr_t p, size_t size, size_t *first, size_t *count)
+{
+	size_t i = map_index_after(p);
+	uintptr_t cursor = p;
+
+	*first = i;
+	while (cursor < p + size) {
+		if (i == nmaps || maps[i].base != cursor)
+			return false;
+		cursor += maps[i].size;
+		i++;
+	}
+	*count = i - *first;
+	return cursor == p + size;
+}
+
+/* Index of the last reservation that starts at or below p, or nresv. */
+static size_t resv_index_at_or_below(uintptr_t p)
+{
+	size_t lo = 0, hi = nresv;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (resv[mid].base <= p)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo ? lo - 1 : nresv;
+}
+
+static bool inside_one_reservation(uintptr_t p, size_t size)
+{
+	size_t i = resv_index_at_or_below(p);
+
+	return i < nresv && p + size >= p && p + size <= resv[i].base + resv[i].size;
+}
+
+/* ---- handles and physical memory ---- */
+
+static bool prop_location_ok(const CUmemLocation *loc, CUresult *rc)
+{
+	if (loc->type != CU_MEM_LOCATION_TYPE_DEVICE) {
+		*rc = CUDA_ERROR_INVALID_VALUE;
+		return false;
+	}
+	if (!sim_device_valid(loc->id)) {
+		*rc = CUDA_ERROR_INVALID_DEVICE;
+		return false;
+	}
+	return true;
+}
+
+static CUresult check_prop(const CUmemAllocationProp *prop)
+{
+	CUresult rc = CUDA_SUCCESS;
+
+	if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!prop_location_ok(&prop->location, &rc))
+		return rc;
+	if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE &&
+	    prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	return CUDA_SUCCESS;
+}
+
+/* A handle the caller still holds a reference to, or NULL. */
+static struct handle *handle_lookup(CUmemGenericAllocationHandle value)
+{
+	struct sim_node *n = sim_table_find(&handles, value);
+	struct handle *h = n ? sim_container_of(n, struct handle, node) : NULL;
+
+	return h && h->refs > 0 ? h : NULL;
+}
+
+static struct handle *handle_new(struct phys *p)
+{
+	struct handle *h = calloc(1, sizeof(*h));
+
+	if (!h)
+		return NULL;
+	h->node.key = next_handle++;
+	h->phys = p;
+	h->refs = 1;
+	p->handles++;
+	sim_table_insert(&handles, &h->node);
+	live_handle_refs++;
+	return h;
+}
+
+static void phys_put(struct phys *p)
+{
+	struct phys **link;
+
+	if (--p->handles > 0)
+		return;
+	for (link = &phys_list; *link != p; link = &(*link)->next)
+		;
+	*link = p->next;
+	close(p->fd);
+	if (p->accounted)
+		device_used[p->device] -= p->size;
+	live_phys_bytes -= p->size;
+	free(p);
+}
+
+/* Frees the handle once neither the caller nor a mapping refers to it. */
+static void handle_maybe_free(struct handle *h)
+{
+	if (h->refs > 0 || h->maps > 0)
+		return;
+	sim_table_remove(&handles, h->node.key);
+	phys_put(h->phys);
+	free(h);
+}
+
+static struct phys *phys_new(int fd, size_t size, int device, unsigned types, bool accounted)
+{
+	struct phys *p = calloc(1, sizeof(*p));
+	struct stat st;
+
+	if (!p || fstat(fd, &st) != 0) {
+		free(p);
+		return NULL;
+	}
+	p->fd = fd;
+	p->size = size;
+	p->device = device;
+	p->handle_types = types;
+	p->accounted = accounted;
+	p->st_dev = st.st_dev;
+	p->st_ino = st.st_ino;
+	p->next = phys_list;
+	phys_list = p;
+	if (accounted)
+		device_used[device] += size;
+	live_phys_bytes += size;
+	return p;
+}
+
+/* Physical memory on `device`; the memfd's name records the device for importers. */
+static CUresult phys_create(size_t size, int device, unsigned types, struct phys **out)
+{
+	char name[32];
+	int fd;
+
+	if (device_used[device] + size > sim_cfg.memory || device_used[device] + size < size)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	snprintf(name, sizeof(name), "sop-sim-dev%d", device);
+	fd = memfd_create(name, MFD_CLOEXEC);
+	if (fd < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	if (ftruncate(fd, (off_t)size) != 0) {
+		close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*out = phys_new(fd, size, device, types, true);
+	if (!*out) {
+		close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	return CUDA_SUCCESS;
+}
+
+/* ---- entry points ---- */
+
+SIM_EXPORT CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity,
+							  const CUmemAllocationProp *prop,
+							  CUmemAllocationGranularity_flags option)
+{
+	CUresult rc;
+
+	SIM_ENTER(cuMemGetAllocationGranularity);
+	if (!granularity || !prop)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+	    option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = check_prop(prop);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	*granularity = sim_cfg.granularity;
+	return CUDA_SUCCESS;
+}
+
+/* Maps `size` bytes of PROT_NONE address space aligned to `align`, or NULL. */
+static void *reserve_aligned(size_t size, size_t align, uintptr_t hint)
+{
+	const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+	uintptr_t base, aligned;
+	char *p;
+
+	if (hint && hint % align == 0) {
+		/* The driver takes addr as a hint: use it when it is free. */
+		p = mmap((void *)hint, size, PROT_NONE, flags | MAP_FIXED_NOREPLACE, -1, 0);
+		if (p != MAP_FAILED && (uintptr_t)p == hint)
+			return p;
+		if (p != MAP_FAILED)
+			munmap(p, size);
+	}
+	if (size + align < size)
+		return NULL;
+	p = mmap(NULL, size + align, PROT_NONE, flags, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	base = (uintptr_t)p;
+	aligned = (base + align - 1) & ~(uintptr_t)(align - 1);
+	if (aligned > base)
+		munmap(p, aligned - base);
+	if (base + size + align > aligned + size)
+		munmap((void *)(aligned + size), base + size + align - (aligned + size));
+	return (void *)aligned;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+						CUdeviceptr addr, unsigned long long flags)
+{
+	size_t gran = sim_cfg.granularity;
+	size_t at;
+	void *p;
+
+	SIM_ENTER(cuMemAddressReserve);
+	if (!ptr || flags != 0 || size == 0 || size % gran != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (alignment & (alignment - 1))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (alignment < gran)
+		alignment = gran;
+	p = reserve_aligned(size, alignment, (uintptr_t)addr);
+	if (!p)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	pthread_mutex_lock(&vmm_lock);
+	at = resv_index_at_or_below((uintptr_t)p);
+	at = at == nresv ? 0 : at + 1;
+	if (!array_open((void **)&resv, &nresv, &resv_cap, sizeof(*resv), at)) {
+		pthread_mutex_unlock(&vmm_lock);
+		munmap(p, size);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	resv[at].base = (uintptr_t)p;
+	resv[at].size = size;
+	pthread_mutex_unlock(&vmm_lock);
+	*ptr = (CUdeviceptr)(uintptr_t)p;
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+	uintptr_t p = (uintptr_t)ptr;
+	CUresult rc = CUDA_ERROR_INVALID_VALUE;
+	size_t i;
+
+	SIM_ENTER(cuMemAddressFree);
+	pthread_mutex_lock(&vmm_lock);
+	i = resv_index_at_or_below(p);
+	/* Only a whole reservation, and only once nothing is mapped in it. */
+	if (i < nresv && resv[i].base == p && resv[i].size == size &&
+	    !range_has_mapping(p, size)) {
+		munmap((void *)p, size);
+		array_close(resv, &nresv, sizeof(*resv), i, 1);
+		rc = CUDA_SUCCESS;
+	}
+	pthread_mutex_unlock(&vmm_lock);
+	return rc;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+					const CUmemAllocationProp *prop, unsigned long long flags)
+{
+	struct phys *p;
+	struct handle *h;
+	CUresult rc;
+
+	SIM_ENTER(cuMemCreate);
+	if (!handle || !prop || flags != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = check_prop(prop);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (size == 0 || size % sim_cfg.granularity != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&vmm_lock);
+	rc = phys_create(size, prop->location.id, (unsigned)prop->requestedHandleTypes, &p);
+	if (rc == CUDA_SUCCESS) {
+		h = handle_new(p);
+		if (h) {
+			*handle = h->node.key;
+		} else {
+			p->handles = 1;
+			phys_put(p);
+			rc = CUDA_ERROR_OUT_OF_MEMORY;
+		}
+	}
+	pthread_mutex_unlock(&vmm_lock);
+	return rc;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+	struct handle *h;
+	CUresult rc = CUDA_ERROR_INVALID_VALUE;
+
+	SIM_ENTER(cuMemRelease);
+	pthread_mutex_lock(&vmm_lock);
+	h = handle_lookup(handle);
+	if (h) {
+		/* Mapped memory lives on until its last mapping goes. */
+		h->refs--;
+		live_handle_refs--;
+		handle_maybe_free(h);
+		rc = CUDA_SUCCESS;
+	}
+	pthread_mutex_unlock(&vmm_lock);
+	return rc;
+}
+
+static CUresult map_locked(uintptr_t p, size_t size, struct handle *h)
+{
+	size_t at;
+	void *m;
+
+	if (size > h->phys->size)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!inside_one_reservation(p, size) || range_has_mapping(p, size))
+		return CUDA_ERROR_INVALID_VALUE;
+	at = map_index_after(p);
+	if (!array_open((void **)&maps, &nmaps, &maps_cap, sizeof(*maps), at))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	/* PROT_NONE: a fresh mapping is inaccessible until cuMemSetAccess. */
+	m = mmap((void *)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->phys->fd, 0);
+	if (m == MAP_FAILED) {
+		array_close(maps, &nmaps, sizeof(*maps), at, 1);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	memset(&maps[at], 0, sizeof(maps[at]));
+	maps[at].base = p;
+	maps[at].size = size;
+	maps[at].handle = h;
+	h->maps++;
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+				     CUmemGenericAllocationHandle handle,
+				     unsigned long long flags)
+{
+	size_t gran = sim_cfg.granularity;
+	struct handle *h;
+	CUresult rc;
+
+	SIM_ENTER(cuMemMap);
+	if (flags != 0 || size == 0 || ptr % gran != 0 || size % gran != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	/* As observed on an H100: a non-zero offset is refused outright. */
+	if (offset != 0)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	pthread_mutex_lock(&vmm_lock);
+	h = handle_lookup(handle);
+	rc = h ? map_locked((uintptr_t)ptr, size, h) : CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_unlock(&vmm_lock);
+	return rc;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+	const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED;
+	uintptr_t p = (uintptr_t)ptr;
+	size_t first, count;
+	CUresult rc = CUDA_ERROR_INVALID_VALUE;
+
+	SIM_ENTER(cuMemUnmap);
+	if (size == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&vmm_lock);
+	if (!whole_mappings(p, size, &first, &count))
+		goto out;
+	/* Back to reserved, inaccessible address space: later touches fault. */
+	if (mmap((void *)p, size, PROT_NONE, flags, -1, 0) == MAP_FAILED) {
+		rc = CUDA_ERROR_OUT_OF_MEMORY;
+		goto out;
+	}
+	for (size_t i = first; i < first + count; i++) {
+		maps[i].handle->maps--;
+		handle_maybe_free(maps[i].handle);
+	}
+	array_close(maps, &nmaps, sizeof(*maps), first, count);
+	rc = CUDA_SUCCESS;
+out:
+	pthread_mutex_unlock(&vmm_lock);
+	return rc;
+}
+
+static CUresult check_access_desc(const CUmemAccessDesc *desc, size_t count)
+{
+	CUresult rc = CUDA_SUCCESS;
+
+	for (size_t i = 0; i < count; i++) {
+		if (!prop_location_ok(&desc[i].location, &rc))
+			return rc;
+		if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+		    desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+		    desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+			return CUDA_ERROR_INVALID_VALUE;
+	}
+	return CUDA_SUCCESS;
+}
+
+/* The host stands in for every device: it gets the widest access any device has. */
+static int host_prot(const struct mapping *m)
+{
+	int prot = PROT_NONE;
+
+	for (int d = 0; d < sim_cfg.ndevices; d++) {
+		if (m->access[d] == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+			return PROT_READ | PROT_WRITE;
+		if (m->access[d] == CU_MEM_ACCESS_FLAGS_PROT_READ)
+			prot = PROT_READ;
+	}
+	return prot;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size,
+					   const CUmemAccessDesc *desc, size_t count)
+{
+	size_t first, nm;
+	CUresult rc;
+
+	SIM_ENTER(cuMemSetAccess);
+	if (!desc || count == 0 || size == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = check_access_desc(desc, count);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	pthread_mutex_lock(&vmm_lock);
+	if (!whole_mappings((uintptr_t)ptr, size, &first, &nm)) {
+		rc = CUDA_ERROR_INVALID_VALUE;
+		goto out;
+	}
+	for (size_t i = first; i < first + nm; i++) {
+		struct mapping *m = &maps[i];
+
+		for (size_t k = 0; k < count; k++)
+			m->access[desc[k].location.id] = (unsigned char)desc[k].flags;
+		if (mprotect((void *)m->base, m->size, host_prot(m)) != 0)
+			sim_die("sim: mprotect of a mapping failed: %s", strerror(errno));
+	}
+out:
+	pthread_mutex_unlock(&vmm_lock);
+	return rc;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location,
+					   CUdeviceptr ptr)
+{
+	struct mapping *m;
+	CUresult rc = CUDA_SUCCESS;
+
+	SIM_ENTER(cuMemGetAccess);
+	if (!flags || !location)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!prop_location_ok(location, &rc))
+		return rc;
+	pthread_mutex_lock(&vmm_lock);
+	m = map_containing((uintptr_t)ptr);
+	if (m)
+		*flags = m->access[location->id];
+	else
+		rc = CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_unlock(&vmm_lock);
+	return rc;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void *shareable,
+							 CUmemGenericAllocationHandle handle,
+							 CUmemAllocationHandleType type,
+							 unsigned long long flags)
+{
+	struct handle *h;
+	CUresult rc = CUDA_ERROR_INVALID_VALUE;
+	int fd;
+
+	SIM_ENTER(cuMemExportToShareableHandle);
+	if (!shareable || flags != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	pthread_mutex_lock(&vmm_lock);
+	h = handle_lookup(handle);
+	if (h && (h->phys->handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+		/* The caller owns the new descriptor and closes it. */
+		fd = fcntl(h->phys->fd, F_DUPFD_CLOEXEC, 0);
+		if (fd >= 0) {
+			*(int *)shareable = fd;
+			rc = CUDA_SUCCESS;
+		} else {
+			rc = CUDA_ERROR_OPERATING_SYSTEM;
+		}
+	}
+	pthread_mutex_unlock(&vmm_lock);
+	return rc;
+}
+
+/* The device a sim memfd was created on, from its name; 0 if not ours. */
+static int memfd_device(int fd)
+{
+	char path[64], target[128];
+	ssize_t n;
+	int dev;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, target, sizeof(target) - 1);
+	if (n < 0)
+		return 0;
+	target[n] = '\0';
+	if (sscanf(target, "/memfd:sop-sim-dev%d", &dev) == 1 && sim_device_valid(dev))
+		return dev;
+	return 0;
+}
+
+/* Physical memory behind an FD: ours if this process created it, else adopted. */
+static struct phys *phys_for_fd(int fd, const struct stat *st)
+{
+	struct phys *p;
+	int dup_fd;
+
+	for (p = phys_list; p; p = p->next)
+		if (p->st_dev == st->st_dev && p->st_ino == st->st_ino)
+			return p;
+	/* From another process: keep our own descriptor, do not count it here. */
+	dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (dup_fd < 0)
+		return NULL;
+	p = phys_new(dup_fd, (size_t)st->st_size, memfd_device(fd),
+		     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, false);
+	if (!p)
+		close(dup_fd);
+	return p;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+							   void *os_handle,
+							   CUmemAllocationHandleType type)
+{
+	int fd = (int)(intptr_t)os_handle;
+	struct phys *p;
+	struct handle *h;
+	struct stat st;
+	CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+
+	SIM_ENTER(cuMemImportFromShareableHandle);
+	if (!handle)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+	    (size_t)st.st_size % sim_cfg.granularity != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&vmm_lock);
+	p = phys_for_fd(fd, &st);
+	if (p) {
+		h = handle_new(p);
+		if (h) {
+			*handle = h->node.key;
+			rc = CUDA_SUCCESS;
+		} else if (p->handles == 0) {
+			p->handles = 1;
+			phys_put(p);
+		}
+	}
+	pthread_mutex_unlock(&vmm_lock);
+	return rc;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
+							void *addr)
+{
+	struct mapping *m;
+	CUresult rc = CUDA_ERROR_INVALID_VALUE;
+
+	SIM_ENTER(cuMemRetainAllocationHandle);
+	if (!handle)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&vmm_lock);
+	m = map_containing((uintptr_t)addr);
+	if (m) {
+		m->handle->refs++;
+		live_handle_refs++;
+		*handle = m->handle->node.key;
+		rc = CUDA_SUCCESS;
+	}
+	pthread_mutex_unlock(&vmm_lock);
+	return rc;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+								   CUmemGenericAllocationHandle handle)
+{
+	struct handle *h;
+	CUresult rc = CUDA_ERROR_INVALID_VALUE;
+
+	SIM_ENTER(cuMemGetAllocationPropertiesFromHandle);
+	if (!prop)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&vmm_lock);
+	h = handle_lookup(handle);
+	if (h) {
+		memset(prop, 0, sizeof(*prop));
+		prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+		prop->requestedHandleTypes = (CUmemAllocationHandleType)h->phys->handle_types;
+		prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		prop->location.id = h->phys->device;
+		rc = CUDA_SUCCESS;
+	}
+	pthread_mutex_unlock(&vmm_lock);
+	return rc;
+}
+
+/* ---- accounting ---- */
+
+size_t sim_vmm_device_used(int dev)
+{
+	size_t used;
+
+	pthread_mutex_lock(&vmm_lock);
+	used = device_used[dev];
+	pthread_mutex_unlock(&vmm_lock);
+	return used;
+}
+
+void sim_vmm_live(struct sim_live *out)
+{
+	pthread_mutex_lock(&vmm_lock);
+	out->reservations = (long)nresv;
+	out->mappings = (long)nmaps;
+	out->handles = live_handle_refs;
+	out->phys_bytes = live_phys_bytes;
+	pthread_mutex_unlock(&vmm_lock);
+}

@@ -1,0 +1,762 @@
+/*
+ * Core of the simulated CUDA driver: cuInit and the configuration read from
+ * the environment, the gate every entry point passes (call counters, fault
+ * rules, "not initialised", "no CUDA calls from host functions"), the control
+ * API of sim.h, devices, primary contexts and the per-thread context stack.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim-internal.h"
+
+struct sim_config sim_cfg;
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static CUresult init_result;
+static atomic_bool initialized;
+
+/* Contexts never move: a CUcontext is a pointer into this array. */
+static struct CUctx_st contexts[SIM_MAX_DEVICES];
+/* Context ids are never reused, not even across primary context resets. */
+static atomic_ullong next_ctx_id = 1;
+
+void sim_die(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	abort();
+}
+
+/* ---- per-thread state ---- */
+
+static pthread_key_t thread_key;
+
+static void thread_exit(void *arg)
+{
+	struct sim_thread *t = arg;
+
+	sim_stream_thread_exit(t);
+	free(t);
+}
+
+/* At load time, so that the gate on every call needs no pthread_once. */
+__attribute__((constructor)) static void create_thread_key(void)
+{
+	if (pthread_key_create(&thread_key, thread_exit) != 0)
+		sim_die("sim: pthread_key_create failed");
+}
+
+struct sim_thread *sim_thread(bool create)
+{
+	struct sim_thread *t = pthread_getspecific(thread_key);
+
+	if (!t && create) {
+		t = calloc(1, sizeof(*t));
+		if (!t || pthread_setspecific(thread_key, t) != 0)
+			sim_die("sim: out of memory for thread state");
+	}
+	return t;
+}
+
+/* ---- call counters and fault rules ---- */
+
+static const char *const entry_names[SIM_E_COUNT] = {
+#define SIM_ENTRY_NAME(name) #name,
+	SIM_ENTRY_POINTS(SIM_ENTRY_NAME)
+#undef SIM_ENTRY_NAME
+};
+
+/* One relaxed atomic per entry point keeps counting cheap and race free. */
+static atomic_ulong call_counts[SIM_E_COUNT];
+
+struct fault_rule {
+	struct fault_rule *next;
+	enum sim_entry entry;
+	unsigned long left;	/* calls until it fires; it fires when this hits 0 */
+	CUresult code;
+};
+
+static pthread_mutex_t rules_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fault_rule *rules;
+/* Number of rules, read without the lock so that calls skip it when zero. */
+static atomic_long nrules;
+
+const char *sim_entry_name(enum sim_entry e)
+{
+	return (unsigned)e < SIM_E_COUNT ? entry_names[e] : NULL;
+}
+
+static int entry_by_name(const char *name)
+{
+	for (int i = 0; name && i < SIM_E_COUNT; i++)
+		if (strcmp(entry_names[i], name) == 0)
+			return i;
+	return -1;
+}
+
+/* Counts one call of e against every rule for e; returns the code of a rule that fired. */
+static CUresult apply_rules(enum sim_entry e)
+{
+	CUresult rc = CUDA_SUCCESS;
+	struct fault_rule **link = &rules;
+
+	pthread_mutex_lock(&rules_lock);
+	while (*link) {
+		struct fault_rule *r = *link;
+
+		if (r->entry == e && --r->left == 0) {
+			if (rc == CUDA_SUCCESS)
+				rc = r->code;
+			*link = r->next;
+			free(r);
+			atomic_fetch_sub(&nrules, 1);
+			continue;
+		}
+		link = &r->next;
+	}
+	pthread_mutex_unlock(&rules_lock);
+	return rc;
+}
+
+CUresult sim_enter(enum sim_entry e, bool need_init)
+{
+	struct sim_thread *t = sim_thread(false);
+
+	atomic_fetch_add_explicit(&call_counts[e], 1, memory_order_relaxed);
+	/* The driver documents that host functions must not call CUDA. */
+	if (t && t->in_host_fn)
+		return CUDA_ERROR_NOT_PERMITTED;
+	if (need_init && !atomic_load_explicit(&initialized, memory_order_acquire))
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (atomic_load_explicit(&nrules, memory_order_relaxed))
+		return apply_rules(e);
+	return CUDA_SUCCESS;
+}
+
+static void add_rule(int entry, unsigned long nth, CUresult code)
+{
+	struct fault_rule *r, **tail;
+
+	r = malloc(sizeof(*r));
+	if (!r)
+		sim_die("sim: out of memory for a fault rule");
+	r->next = NULL;
+	r->entry = (enum sim_entry)entry;
+	r->left = nth;
+	r->code = code;
+	/* Appended, so that when two rules fire together the older one wins. */
+	pthread_mutex_lock(&rules_lock);
+	for (tail = &rules; *tail; tail = &(*tail)->next)
+		;
+	*tail = r;
+	atomic_fetch_add(&nrules, 1);
+	pthread_mutex_unlock(&rules_lock);
+}
+
+static void remove_rules(int entry)
+{
+	struct fault_rule **link = &rules;
+
+	pthread_mutex_lock(&rules_lock);
+	while (*link) {
+		struct fault_rule *r = *link;
+
+		if (entry < 0 || r->entry == (enum sim_entry)entry) {
+			*link = r->next;
+			free(r);
+			atomic_fetch_sub(&nrules, 1);
+			continue;
+		}
+		link = &r->next;
+	}
+	pthread_mutex_unlock(&rules_lock);
+}
+
+SIM_EXPORT void sim_fail(const char *entry, unsigned long nth, CUresult code)
+{
+	int e = entry_by_name(entry);
+
+	if (e < 0)
+		sim_die("sim: sim_fail: no entry point named '%s'", entry ? entry : "(null)");
+	if (nth == 0)
+		remove_rules(e);
+	else
+		add_rule(e, nth, code);
+}
+
+SIM_EXPORT void sim_fail_clear(void)
+{
+	remove_rules(-1);
+}
+
+SIM_EXPORT unsigned long sim_calls(const char *entry)
+{
+	int e = entry_by_name(entry);
+
+	return e < 0 ? 0 : atomic_load(&call_counts[e]);
+}
+
+SIM_EXPORT void sim_counts_reset(void)
+{
+	for (int i = 0; i < SIM_E_COUNT; i++)
+		atomic_store(&call_counts[i], 0);
+}
+
+SIM_EXPORT void sim_live_get(struct sim_live *out)
+{
+	if (!out)
+		return;
+	memset(out, 0, sizeof(*out));
+	for (int i = 0; i < SIM_MAX_DEVICES; i++)
+		out->primary_ctx_refs += atomic_load(&contexts[i].refs);
+	sim_vmm_live(out);
+	sim_stream_live(out);
+}
+
+/* ---- configuration ---- */
+
+/* A byte count or number, optionally with a binary suffix K, M or G. */
+static unsigned long long env_number(const char *name, unsigned long long def)
+{
+	const char *s = getenv(name);
+	unsigned long long v;
+	char *end;
+
+	if (!s || !*s)
+		return def;
+	errno = 0;
+	v = strtoull(s, &end, 0);
+	if (errno || end == s || *s == '-')
+		sim_die("sim: %s=%s is not a number", name, s);
+	switch (*end) {
+	case 'k': case 'K': v <<= 10; end++; break;
+	case 'm': case 'M': v <<= 20; end++; break;
+	case 'g': case 'G': v <<= 30; end++; break;
+	default: break;
+	}
+	if (*end)
+		sim_die("sim: %s=%s is not a number", name, s);
+	return v;
+}
+
+/* SOP_SIM_FAIL="cuMemCreate:3:2,cuMemMap:1:CUDA_ERROR_OUT_OF_MEMORY" */
+static void parse_fail_env(void)
+{
+	const char *env = getenv("SOP_SIM_FAIL");
+	char *copy, *item, *save = NULL;
+
+	if (!env || !*env)
+		return;
+	copy = strdup(env);
+	if (!copy)
+		sim_die("sim: out of memory");
+	for (item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+		char *nth_s = strchr(item, ':');
+		char *code_s = nth_s ? strchr(nth_s + 1, ':') : NULL;
+		unsigned long nth;
+		CUresult code;
+		char *end;
+		int e;
+
+		if (!code_s)
+			sim_die("sim: SOP_SIM_FAIL item '%s' is not entry:nth:code", item);
+		*nth_s++ = '\0';
+		*code_s++ = '\0';
+		e = entry_by_name(item);
+		if (e < 0)
+			sim_die("sim: SOP_SIM_FAIL: no entry point named '%s'", item);
+		errno = 0;
+		nth = strtoul(nth_s, &end, 0);
+		if (errno || end == nth_s || *end || nth == 0)
+			sim_die("sim: SOP_SIM_FAIL: bad call number '%s' for %s", nth_s, item);
+		if (!sim_error_by_name(code_s, &code)) {
+			unsigned long v = strtoul(code_s, &end, 0);
+
+			if (end == code_s || *end)
+				sim_die("sim: SOP_SIM_FAIL: bad error code '%s' for %s", code_s, item);
+			code = (CUresult)v;
+		}
+		add_rule(e, nth, code);
+	}
+	free(copy);
+}
+
+static void read_config(void)
+{
+	unsigned long long ndev = env_number("SOP_SIM_DEVICES", 2);
+	unsigned long long mem = env_number("SOP_SIM_MEMORY", 1ull << 30);
+	unsigned long long gran = env_number("SOP_SIM_GRANULARITY", 2ull << 20);
+
+	if (ndev > SIM_MAX_DEVICES)
+		sim_die("sim: SOP_SIM_DEVICES=%llu, at most %d", ndev, SIM_MAX_DEVICES);
+	/* Mappings are mmap()s, so the granularity must be whole pages. */
+	if (gran < 4096 || (gran & (gran - 1)))
+		sim_die("sim: SOP_SIM_GRANULARITY=%llu is not a power of two >= 4096", gran);
+	sim_cfg.ndevices = (int)ndev;
+	sim_cfg.memory = (size_t)mem;
+	sim_cfg.granularity = (size_t)gran;
+}
+
+static void init_contexts(void)
+{
+	for (int i = 0; i < SIM_MAX_DEVICES; i++) {
+		contexts[i].device = i;
+		pthread_mutex_init(&contexts[i].lock, NULL);
+	}
+}
+
+static void do_init(void)
+{
+	read_config();
+	if (sim_cfg.ndevices == 0) {
+		init_result = CUDA_ERROR_NO_DEVICE;
+		return;
+	}
+	init_contexts();
+	parse_fail_env();
+	init_result = CUDA_SUCCESS;
+	atomic_store_explicit(&initialized, true, memory_order_release);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuInit(unsigned int flags)
+{
+	SIM_ENTER_ANYTIME(cuInit);
+	if (flags != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_once(&init_once, do_init);
+	return init_result;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuDriverGetVersion(int *version)
+{
+	SIM_ENTER_ANYTIME(cuDriverGetVersion);
+	if (!version)
+		return CUDA_ERROR_INVALID_VALUE;
+	*version = CUDA_VERSION;
+	return CUDA_SUCCESS;
+}
+
+/* ---- devices ---- */
+
+bool sim_device_valid(int dev)
+{
+	return dev >= 0 && dev < sim_cfg.ndevices;
+}
+
+struct CUctx_st *sim_ctx_of_device(int dev)
+{
+	return &contexts[dev];
+}
+
+SIM_EXPORT CUresult CUDAAPI cuDeviceGetCount(int *count)
+{
+	SIM_ENTER(cuDeviceGetCount);
+	if (!count)
+		return CUDA_ERROR_INVALID_VALUE;
+	*count = sim_cfg.ndevices;
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal)
+{
+	SIM_ENTER(cuDeviceGet);
+	if (!device)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!sim_device_valid(ordinal))
+		return CUDA_ERROR_INVALID_DEVICE;
+	*device = ordinal;
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+	SIM_ENTER(cuDeviceGetName);
+	if (!name || len <= 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!sim_device_valid(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	snprintf(name, (size_t)len, "sop simulated GPU %d", dev);
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+	SIM_ENTER(cuDeviceGetUuid);
+	if (!uuid)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!sim_device_valid(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	memcpy(uuid->bytes, "sop-sim-device-", 15);
+	uuid->bytes[15] = (char)dev;
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuDeviceTotalMem(size_t *bytes, CUdevice dev)
+{
+	SIM_ENTER(cuDeviceTotalMem);
+	if (!bytes)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!sim_device_valid(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	*bytes = sim_cfg.memory;
+	return CUDA_SUCCESS;
+}
+
+/* Values of an H100 SXM where it matters little, the sim's truth where it matters. */
+static bool device_attribute(CUdevice_attribute attr, int dev, int *value)
+{
+	switch (attr) {
+	case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+	case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
+	case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
+	case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP:
+		*value = 1;
+		return true;
+	case CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES:
+		*value = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+		return true;
+	case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+	case CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_INTEGRATED:
+	case CU_DEVICE_ATTRIBUTE_TCC_DRIVER:
+	case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE:
+	case CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT:
+	case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
+	case CU_DEVICE_ATTRIBUTE_MPS_ENABLED:
+		*value = 0;
+		return true;
+	case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+		*value = 9;
+		return true;
+	case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+		*value = 0;
+		return true;
+	case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+		*value = 132;
+		return true;
+	case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+		*value = 1024;
+		return true;
+	case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR:
+		*value = 2048;
+		return true;
+	case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
+		*value = 32;
+		return true;
+	case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT:
+		*value = 3;
+		return true;
+	case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE:
+		*value = 50 << 20;
+		return true;
+	case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH:
+		*value = 5120;
+		return true;
+	case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+		*value = 0x10 + dev;
+		return true;
+	case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
+		*value = 0;
+		return true;
+	default:
+		return false;
+	}
+}
+
+SIM_EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+	SIM_ENTER(cuDeviceGetAttribute);
+	if (!pi)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!sim_device_valid(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	return device_attribute(attrib, dev, pi) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
+{
+	SIM_ENTER(cuDeviceCanAccessPeer);
+	if (!can)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!sim_device_valid(dev) || !sim_device_valid(peer))
+		return CUDA_ERROR_INVALID_DEVICE;
+	*can = dev != peer;
+	return CUDA_SUCCESS;
+}
+
+/* ---- primary contexts ---- */
+
+static bool ctx_valid(const struct CUctx_st *ctx)
+{
+	for (int i = 0; i < sim_cfg.ndevices; i++)
+		if (ctx == &contexts[i])
+			return true;
+	return false;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+	struct CUctx_st *ctx;
+
+	SIM_ENTER(cuDevicePrimaryCtxRetain);
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!sim_device_valid(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	ctx = &contexts[dev];
+	/* The lock makes "first retain gets a fresh id" atomic with the count. */
+	pthread_mutex_lock(&ctx->lock);
+	if (atomic_fetch_add(&ctx->refs, 1) == 0)
+		atomic_store(&ctx->id, atomic_fetch_add(&next_ctx_id, 1));
+	pthread_mutex_unlock(&ctx->lock);
+	*pctx = ctx;
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+	struct CUctx_st *ctx;
+	CUresult rc = CUDA_SUCCESS;
+
+	SIM_ENTER(cuDevicePrimaryCtxRelease);
+	if (!sim_device_valid(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	ctx = &contexts[dev];
+	pthread_mutex_lock(&ctx->lock);
+	if (atomic_load(&ctx->refs) == 0)
+		rc = CUDA_ERROR_INVALID_CONTEXT;
+	else
+		atomic_fetch_sub(&ctx->refs, 1);
+	pthread_mutex_unlock(&ctx->lock);
+	return rc;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+	SIM_ENTER(cuDevicePrimaryCtxGetState);
+	if (!flags || !active)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!sim_device_valid(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	*flags = 0;
+	*active = atomic_load(&contexts[dev].refs) > 0;
+	return CUDA_SUCCESS;
+}
+
+/* ---- the calling thread's context stack ---- */
+
+static struct CUctx_st *ctx_top(void)
+{
+	struct sim_thread *t = sim_thread(false);
+
+	return t && t->ctx_depth ? t->ctx_stack[t->ctx_depth - 1] : NULL;
+}
+
+CUresult sim_ctx_current(struct CUctx_st **out)
+{
+	struct CUctx_st *ctx = ctx_top();
+
+	if (!ctx)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	/* A primary context released to zero is gone, as on the real driver. */
+	if (atomic_load(&ctx->refs) == 0)
+		return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+	*out = ctx;
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx)
+{
+	SIM_ENTER(cuCtxGetCurrent);
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	*pctx = ctx_top();
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx)
+{
+	struct sim_thread *t;
+
+	SIM_ENTER(cuCtxSetCurrent);
+	if (!ctx) {
+		/* Documented: NULL pops the top, or does nothing on an empty stack. */
+		t = sim_thread(false);
+		if (t && t->ctx_depth)
+			t->ctx_depth--;
+		return CUDA_SUCCESS;
+	}
+	if (!ctx_valid(ctx))
+		return CUDA_ERROR_INVALID_CONTEXT;
+	t = sim_thread(true);
+	if (t->ctx_depth == 0)
+		t->ctx_depth = 1;
+	t->ctx_stack[t->ctx_depth - 1] = ctx;
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx)
+{
+	struct sim_thread *t;
+
+	SIM_ENTER(cuCtxPushCurrent);
+	if (!ctx || !ctx_valid(ctx))
+		return CUDA_ERROR_INVALID_CONTEXT;
+	t = sim_thread(true);
+	if (t->ctx_depth == SIM_CTX_STACK_MAX)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	t->ctx_stack[t->ctx_depth++] = ctx;
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx)
+{
+	struct sim_thread *t;
+
+	SIM_ENTER(cuCtxPopCurrent);
+	t = sim_thread(false);
+	if (!t || t->ctx_depth == 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	t->ctx_depth--;
+	if (pctx)
+		*pctx = t->ctx_stack[t->ctx_depth];
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuCtxGetDevice(CUdevice *device)
+{
+	struct CUctx_st *ctx;
+	CUresult rc;
+
+	SIM_ENTER(cuCtxGetDevice);
+	if (!device)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = sim_ctx_current(&ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	*device = ctx->device;
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuCtxGetId(CUcontext ctx, unsigned long long *id)
+{
+	CUresult rc;
+
+	SIM_ENTER(cuCtxGetId);
+	if (!id)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!ctx) {
+		rc = sim_ctx_current(&ctx);
+		if (rc != CUDA_SUCCESS)
+			return rc;
+	} else if (!ctx_valid(ctx)) {
+		return CUDA_ERROR_INVALID_CONTEXT;
+	} else if (atomic_load(&ctx->refs) == 0) {
+		return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+	}
+	*id = atomic_load(&ctx->id);
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuCtxGetStreamPriorityRange(int *least, int *greatest)
+{
+	struct CUctx_st *ctx;
+	CUresult rc;
+
+	SIM_ENTER(cuCtxGetStreamPriorityRange);
+	rc = sim_ctx_current(&ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	/* As on an H100: 0 is the lowest priority, -5 the highest. */
+	if (least)
+		*least = 0;
+	if (greatest)
+		*greatest = -5;
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemGetInfo(size_t *free_bytes, size_t *total)
+{
+	struct CUctx_st *ctx;
+	size_t used;
+	CUresult rc;
+
+	SIM_ENTER(cuMemGetInfo);
+	if (!free_bytes || !total)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = sim_ctx_current(&ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	used = sim_vmm_device_used(ctx->device);
+	*total = sim_cfg.memory;
+	*free_bytes = used < sim_cfg.memory ? sim_cfg.memory - used : 0;
+	return CUDA_SUCCESS;
+}
+
+/* ---- no kernels in the simulator ---- */
+
+SIM_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image)
+{
+	SIM_ENTER(cuModuleLoadData);
+	(void)module;
+	(void)image;
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+	SIM_ENTER(cuModuleGetFunction);
+	(void)hfunc;
+	(void)hmod;
+	(void)name;
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuModuleUnload(CUmodule hmod)
+{
+	SIM_ENTER(cuModuleUnload);
+	(void)hmod;
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX,
+					   unsigned int gridDimY, unsigned int gridDimZ,
+					   unsigned int blockDimX, unsigned int blockDimY,
+					   unsigned int blockDimZ, unsigned int sharedMemBytes,
+					   CUstream hStream, void **kernelParams, void **extra)
+{
+	SIM_ENTER(cuLaunchKernel);
+	(void)f;
+	(void)gridDimX;
+	(void)gridDimY;
+	(void)gridDimZ;
+	(void)blockDimX;
+	(void)blockDimY;
+	(void)blockDimZ;
+	(void)sharedMemBytes;
+	(void)hStream;
+	(void)kernelParams;
+	(void)extra;
+	return CUDA_ERROR_NOT_SUPPORTED;
+}

@@ -1,0 +1,58 @@
+/*
+ * Control API of the simulated CUDA driver (libsopsim.so).
+ *
+ * Tests resolve these functions with dlsym() from the same library that sop
+ * loads as its driver, so they talk to the very instance sop is using. They
+ * inject failures into chosen driver calls, count calls, and read the number
+ * of live driver objects to check that nothing leaked.
+ */
+#ifndef SOP_SIM_H
+#define SOP_SIM_H
+
+#include <stddef.h>
+#include <cuda.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Fail the nth (1-based, counted from now) future call of entry point `entry`
+ * (base name as written in source, e.g. "cuMemCreate", "cuStreamDestroy")
+ * with `code`. nth = 0 removes every rule for `entry`. Several rules may be
+ * active, also for the same entry point; each counts calls on its own. A call
+ * failed this way does nothing else. An unknown entry name aborts the process
+ * (a rule that can never fire is a bug in the test).
+ */
+void sim_fail(const char *entry, unsigned long nth, CUresult code);
+
+/* Remove every fault rule. */
+void sim_fail_clear(void);
+
+/*
+ * Number of calls of `entry` since start or the last sim_counts_reset().
+ * Every call counts, failed ones too. Unknown names give 0.
+ */
+unsigned long sim_calls(const char *entry);
+
+/* Set every call counter to zero. */
+void sim_counts_reset(void);
+
+/* Live driver objects, for leak checks. */
+struct sim_live {
+	long reservations;	/* cuMemAddressReserve not yet freed */
+	long handles;		/* create/import/retain not yet released */
+	long mappings;		/* cuMemMap not yet unmapped */
+	long streams;		/* cuStreamCreate* not yet destroyed */
+	long events;		/* cuEventCreate not yet destroyed */
+	long primary_ctx_refs;	/* sum of primary context reference counts */
+	size_t phys_bytes;	/* physical memory still allocated, all devices */
+};
+
+void sim_live_get(struct sim_live *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SOP_SIM_H */

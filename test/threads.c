@@ -1,0 +1,142 @@
+/* threads.c - several threads on several streams allocating and freeing at once: each thread
+ * works on its own stream with a random mix of sizes, tags every block with work on its stream
+ * and checks the tag before freeing it; some blocks are handed to a neighbour thread, which
+ * frees them on its own stream after waiting on an event. At the end the pool is consistent and
+ * its accounting adds up. Run under ThreadSanitizer in CI. */
+#include <string.h>
+
+#include "helpers.h"
+
+#define THREADS 8
+#define LIVE 32
+#define OPS 3000
+
+static sop_pool_t pool;
+static CUcontext ctx0;
+
+/* A mailbox per thread: blocks another thread allocated, to be freed here. */
+struct mailbox {
+	pthread_mutex_t lock;
+	void *ptr[LIVE * 4];
+	int n;
+};
+static struct mailbox boxes[THREADS];
+static atomic_int bad;
+
+static uint64_t
+rnd(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+static void
+drain(struct mailbox *box, CUstream s)
+{
+	pthread_mutex_lock(&box->lock);
+	while (box->n > 0) {
+		if (sop_free_async(box->ptr[--box->n], s) != CUDA_SUCCESS)
+			atomic_fetch_add(&bad, 1);
+	}
+	pthread_mutex_unlock(&box->lock);
+}
+
+static void *
+worker(void *arg)
+{
+	int me = (int)(intptr_t)arg;
+	uint64_t seed = 0x9E3779B97F4A7C15u * (uint64_t)(me + 1);
+	void *live[LIVE] = {0};
+	size_t sizes[LIVE] = {0};
+	uint32_t tags[LIVE] = {0};
+	CUstream s;
+	CUevent ev;
+	int i;
+
+	TH_OK(th.cuCtxSetCurrent(ctx0));
+	s = th_stream();
+	TH_OK(th.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+	for (i = 0; i < OPS; i++) {
+		int k = (int)(rnd(&seed) % LIVE);
+		if (live[k]) {
+			uint32_t got;
+			/* The first word still holds our tag: nobody else was handed the block. */
+			TH_OK(th.cuMemcpyDtoHAsync(&got, (CUdeviceptr)(uintptr_t)live[k], 4, s));
+			TH_OK(sop__drv.cuStreamSynchronize(s));
+			if (got != tags[k])
+				atomic_fetch_add(&bad, 1);
+			if (rnd(&seed) % 8 == 0) {
+				/* Hand it to the next thread, ordered by an event. */
+				struct mailbox *box = &boxes[(me + 1) % THREADS];
+				TH_OK(sop_event_record(ev, s));
+				TH_OK(sop_event_synchronize(ev));
+				pthread_mutex_lock(&box->lock);
+				if (box->n < LIVE * 4) {
+					box->ptr[box->n++] = live[k];
+					live[k] = NULL;
+				}
+				pthread_mutex_unlock(&box->lock);
+			}
+			if (live[k] && sop_free_async(live[k], s) != CUDA_SUCCESS)
+				atomic_fetch_add(&bad, 1);
+			live[k] = NULL;
+		} else {
+			size_t sz = 4 + rnd(&seed) % (rnd(&seed) % 4 ? 8192 : (2 << 20));
+			sz &= ~(size_t)3;
+			if (sop_malloc_from_pool_async(&live[k], sz, pool, s) != CUDA_SUCCESS) {
+				atomic_fetch_add(&bad, 1);
+				live[k] = NULL;
+				continue;
+			}
+			sizes[k] = sz;
+			tags[k] = (uint32_t)(me << 24) | (uint32_t)i;
+			th_fill(live[k], sz, tags[k], s);
+		}
+		if (i % 64 == 0)
+			drain(&boxes[me], s);
+		if (i % 500 == 0)
+			TH_OK(sop_stream_synchronize(s));
+	}
+	for (i = 0; i < LIVE; i++)
+		if (live[i] && sop_free_async(live[i], s) != CUDA_SUCCESS)
+			atomic_fetch_add(&bad, 1);
+	(void)sizes;
+	TH_OK(sop_stream_synchronize(s));
+	TH_OK(th.cuEventDestroy(ev));
+	th_stream_destroy(s);
+	return NULL;
+}
+
+int
+main(void)
+{
+	pthread_t t[THREADS];
+	CUstream s;
+	int i;
+
+	th_init();
+	TH_OK(sop__drv.cuCtxGetCurrent(&ctx0));
+	pool = th_pool(0, 0);
+	for (i = 0; i < THREADS; i++)
+		pthread_mutex_init(&boxes[i].lock, NULL);
+	for (i = 0; i < THREADS; i++)
+		TH_ASSERT(pthread_create(&t[i], NULL, worker, (void *)(intptr_t)i) == 0);
+	for (i = 0; i < THREADS; i++)
+		pthread_join(t[i], NULL);
+	/* Whatever is left in the mailboxes. */
+	s = th_stream();
+	for (i = 0; i < THREADS; i++)
+		drain(&boxes[i], s);
+	TH_OK(sop_stream_synchronize(s));
+	TH_OK(sop_ctx_synchronize());
+	TH_EQ(atomic_load(&bad), 0);
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
+	TH_CHECK(pool);
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+	TH_OK(sop_pool_destroy(pool));
+	th_stream_destroy(s);
+	printf("threads: ok\n");
+	return 0;
+}

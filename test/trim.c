@@ -1,0 +1,167 @@
+/* trim.c - maxSize, the release threshold and sop_trim_to.
+ *
+ * maxSize caps the physical memory a pool holds: a request beyond it fails at once with
+ * CUDA_ERROR_OUT_OF_MEMORY while others still succeed. The release threshold is applied only at
+ * synchronization points that cover the frees (never at a sync of an unrelated stream); trimming
+ * releases memory no allocation and no pending free uses and keeps at least what was asked. */
+#include "helpers.h"
+
+#define MiB ((size_t)1 << 20)
+
+static uint64_t
+reserved(sop_pool_t pool)
+{
+	return th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+}
+
+static void
+max_size(CUstream s)
+{
+	sop_pool_t pool = th_pool(0, 64 * MiB);
+	void *a, *b, *c = (void *)0x1;
+	struct th_gate gate;
+
+	TH_OK(sop_malloc_from_pool_async(&a, 60 * MiB, pool, s));
+	TH_EQ(sop_malloc_from_pool_async(&c, 8 * MiB, pool, s), CUDA_ERROR_OUT_OF_MEMORY);
+	TH_ASSERT(c == (void *)0x1);
+	TH_OK(sop_malloc_from_pool_async(&b, 4 * MiB, pool, s));
+	TH_ASSERT(reserved(pool) <= 64 * MiB);
+	TH_CHECK(pool);
+	TH_OK(sop_free_async(b, s));
+	TH_OK(sop_free_async(a, s));
+
+	TH_OK(sop_stream_synchronize(s));
+	TH_EQ(reserved(pool), 0);
+
+	/* A free pending behind a busy stream, internal dependencies off: a request from another
+	 * stream cannot grow past the cap and does not wait; it fails at once. */
+	{
+		CUstream s2 = th_stream();
+		int off = 0;
+
+		TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+					&off));
+		th_gate_init(&gate);
+		th_gate_block(&gate, s);
+		TH_OK(sop_malloc_from_pool_async(&a, 64 * MiB, pool, s));
+		TH_OK(sop_free_async(a, s));
+		TH_EQ(sop_malloc_from_pool_async(&c, 64 * MiB, pool, s2), CUDA_ERROR_OUT_OF_MEMORY);
+		/* The same stream reuses it at once. */
+		TH_OK(sop_malloc_from_pool_async(&b, 64 * MiB, pool, s));
+		TH_ASSERT(b == a);
+		TH_OK(sop_free_async(b, s));
+		th_gate_open(&gate);
+		TH_OK(sop_stream_synchronize(s));
+		/* Now it can, and the sync released the memory (threshold 0). */
+		TH_EQ(reserved(pool), 0);
+		TH_OK(sop_malloc_from_pool_async(&c, 64 * MiB, pool, s2));
+		TH_OK(sop_free_async(c, s2));
+		TH_OK(sop_stream_synchronize(s2));
+		th_stream_destroy(s2);
+	}
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+}
+
+static void
+threshold(CUstream s1, CUstream s2)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	cuuint64_t thr = 16 * MiB;
+	void *p[8];
+	struct th_gate gate;
+	int i;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr));
+	th_gate_init(&gate);
+	th_gate_block(&gate, s1);
+	for (i = 0; i < 8; i++)
+		TH_OK(sop_malloc_from_pool_async(&p[i], 32 * MiB, pool, s1));
+	for (i = 0; i < 8; i++)
+		TH_OK(sop_free_async(p[i], s1));
+	TH_EQ(reserved(pool), 256 * MiB);
+	/* Unrelated stream: nothing released. */
+	TH_OK(sop_stream_synchronize(s2));
+	TH_EQ(reserved(pool), 256 * MiB);
+	th_gate_open(&gate);
+	/* Finished, but not yet seen at a synchronization point: still held. */
+	while (th.cuStreamQuery(s1) == CUDA_ERROR_NOT_READY)
+		;
+	TH_EQ(reserved(pool), 256 * MiB);
+	TH_OK(sop_stream_synchronize(s1));
+	TH_ASSERT(reserved(pool) <= 16 * MiB);
+	TH_CHECK(pool);
+
+	/* Threshold 32 MiB: keeps one 32 MiB segment of three. */
+	thr = 32 * MiB;
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr));
+	for (i = 0; i < 3; i++)
+		TH_OK(sop_malloc_from_pool_async(&p[i], 30 * MiB, pool, s1));
+	TH_EQ(reserved(pool), 96 * MiB);
+	for (i = 0; i < 3; i++)
+		TH_OK(sop_free_async(p[i], s1));
+	TH_OK(sop_ctx_synchronize());
+	TH_EQ(reserved(pool), 32 * MiB);
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+}
+
+static void
+trim(CUstream s)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	cuuint64_t keep = UINT64_MAX;
+	struct th_gate gate;
+	void *p[4];
+	int i;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	for (i = 0; i < 4; i++)
+		TH_OK(sop_malloc_from_pool_async(&p[i], 32 * MiB, pool, s));
+	TH_EQ(reserved(pool), 128 * MiB);
+	for (i = 0; i < 4; i++)
+		TH_OK(sop_free_async(p[i], s));
+	/* Pending frees are in use: trimming releases nothing. */
+	th_gate_init(&gate);
+	TH_OK(sop_malloc_from_pool_async(&p[0], MiB, pool, s)); /* reuses a pending block */
+	th_gate_block(&gate, s);
+	TH_OK(sop_free_async(p[0], s));
+	TH_OK(sop_trim_to(pool, 0));
+	TH_EQ(reserved(pool), 128 * MiB);
+	th_gate_open(&gate);
+	TH_OK(sop_stream_synchronize(s));
+	/* Threshold max: the sync kept everything. */
+	TH_EQ(reserved(pool), 128 * MiB);
+	/* Trim to 50 MiB keeps 64 MiB: never below what was asked. */
+	TH_OK(sop_trim_to(pool, 50 * MiB));
+	TH_EQ(reserved(pool), 64 * MiB);
+	/* Trim to more than is held: a no-op. */
+	TH_OK(sop_trim_to(pool, 100 * MiB));
+	TH_EQ(reserved(pool), 64 * MiB);
+	/* A live allocation holds its segment. */
+	TH_OK(sop_malloc_from_pool_async(&p[0], 10 * MiB, pool, s));
+	TH_OK(sop_trim_to(pool, 0));
+	TH_EQ(reserved(pool), 32 * MiB);
+	TH_OK(sop_free(p[0]));
+	TH_OK(sop_trim_to(pool, 0));
+	TH_EQ(reserved(pool), 0);
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+}
+
+int
+main(void)
+{
+	CUstream s1, s2;
+
+	th_init();
+	s1 = th_stream();
+	s2 = th_stream();
+	max_size(s1);
+	threshold(s1, s2);
+	trim(s1);
+	th_stream_destroy(s1);
+	th_stream_destroy(s2);
+	printf("trim: ok\n");
+	return 0;
+}
