@@ -38,7 +38,7 @@ bins_check(struct sop__bins *bins, enum sop__state want_state, struct sop__sstre
 			CHECK(!!(bins->sl_bitmap[fl] >> sl & 1) == !!bins->head[fl][sl]);
 			for (b = bins->head[fl][sl]; b; b = b->free_next) {
 				CHECK(sop__block_state(b) == want_state);
-				CHECK(!owner || b->owner == owner);
+				CHECK(!owner || sop__block_owner(b) == owner);
 				sop__bins_index(b->size, &bfl, &bsl);
 				CHECK(bfl == fl && bsl == sl);
 				CHECK(!b->free_next || b->free_next->free_prev == b);
@@ -90,7 +90,7 @@ sop__pool_check(struct sop_pool *pool)
 				CHECK(b->req && b->req <= b->size);
 				used += b->req;
 			} else {
-				CHECK(b->owner && b->owner->pool == pool);
+				CHECK(sop__block_owner(b) && sop__block_owner(b)->pool == pool);
 				n_cached++;
 			}
 			end += b->size;

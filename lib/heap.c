@@ -60,7 +60,7 @@ sop__block_new(struct sop_pool *pool)
 	pool->spare = b->free_next;
 	b->free_next = b->free_prev = NULL;
 	b->phys_prev = b->phys_next = NULL;
-	b->owner = NULL;
+	sop__block_set_owner(b, NULL);
 	b->seg = NULL;
 	b->req = 0;
 	b->seq = 0;
@@ -207,8 +207,8 @@ sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size)
 	atomic_store_explicit(&rest->tag, sop__tag(rest->addr, state), memory_order_release);
 	sop__map_set(pool, rest->addr, rest);
 	if (state == SOP_BLOCK_CACHED) {
-		struct sop__sstream *ss = b->owner;
-		rest->owner = ss;
+		struct sop__sstream *ss = sop__block_owner(b);
+		sop__block_set_owner(rest, ss);
 		rest->seq = b->seq;
 		sop__lock_take(&ss->lock);
 		sop__bins_insert(&ss->cache, rest);
@@ -237,7 +237,7 @@ sop__heap_put(struct sop_pool *pool, struct sop__block *b)
 {
 	struct sop__block *p = b->phys_prev, *n = b->phys_next;
 
-	b->owner = NULL;
+	sop__block_set_owner(b, NULL);
 	b->req = 0;
 	b->seq = 0;
 	if (n && sop__block_state(n) == SOP_BLOCK_FREE) {

@@ -169,7 +169,9 @@ struct sop__block {
 	struct sop__block *phys_prev, *phys_next;
 	struct sop__block *free_prev, *free_next;
 	struct sop__segment *seg;
-	struct sop__sstream *owner; /* CACHED: the stream it is pending on */
+	/* CACHED: the stream it is pending on. Written under that stream's lock, read by other
+	 * streams' coalescing under theirs: atomic, relaxed (they only compare it to themselves). */
+	_Atomic(struct sop__sstream *) owner;
 	/* State and address in one word, so that a free can claim a block with one compare-and-swap
 	 * that fails for a stale, reused or already freed descriptor. */
 	_Atomic uint64_t tag;
@@ -179,6 +181,18 @@ static inline uint64_t
 sop__tag(CUdeviceptr addr, enum sop__state state)
 {
 	return ((uint64_t)addr >> SOP_ALIGN_LOG2) << 2 | (uint64_t)state;
+}
+
+static inline struct sop__sstream *
+sop__block_owner(struct sop__block *b)
+{
+	return atomic_load_explicit(&b->owner, memory_order_relaxed);
+}
+
+static inline void
+sop__block_set_owner(struct sop__block *b, struct sop__sstream *ss)
+{
+	atomic_store_explicit(&b->owner, ss, memory_order_relaxed);
 }
 
 static inline enum sop__state

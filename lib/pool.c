@@ -234,12 +234,13 @@ sop__pool_set_attr(struct sop_pool *pool, CUmemPool_attribute attr, void *value)
 		atomic_store(flag, i != 0);
 		return CUDA_SUCCESS;
 	}
-	memcpy(&v, value, sizeof v);
 	switch (attr) {
 	case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+		memcpy(&v, value, sizeof v);
 		atomic_store(&pool->release_threshold, v);
 		return CUDA_SUCCESS;
 	case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+		memcpy(&v, value, sizeof v);
 		if (v)
 			return CUDA_ERROR_INVALID_VALUE;
 		/* Under the lock: reserved only changes there. */
@@ -248,6 +249,7 @@ sop__pool_set_attr(struct sop_pool *pool, CUmemPool_attribute attr, void *value)
 		pthread_mutex_unlock(&pool->lock);
 		return CUDA_SUCCESS;
 	case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+		memcpy(&v, value, sizeof v);
 		if (v)
 			return CUDA_ERROR_INVALID_VALUE;
 		atomic_store(&pool->used_high, atomic_load(&pool->used));

@@ -255,7 +255,7 @@ static void
 block_hand_out(struct sop_pool *pool, struct sop__block *b, size_t req, void **ptr)
 {
 	b->req = req;
-	b->owner = NULL;
+	sop__block_set_owner(b, NULL);
 	atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_ALLOC), memory_order_release);
 	sop__used_add(pool, req);
 	*ptr = (void *)(uintptr_t)b->addr;
@@ -274,12 +274,12 @@ cache_coalesce(struct sop_pool *pool, struct sop__sstream *ss)
 	v = cache_collect(ss, &cnt);
 	for (i = 0; i < cnt; i++) {
 		b = v[i];
-		if (sop__block_state(b) != SOP_BLOCK_CACHED || b->owner != ss)
+		if (sop__block_state(b) != SOP_BLOCK_CACHED || sop__block_owner(b) != ss)
 			continue; /* absorbed by an earlier one */
 		sop__bins_remove(&ss->cache, b);
 		while (b->phys_prev && (sop__block_state(b->phys_prev) == SOP_BLOCK_FREE ||
 					(sop__block_state(b->phys_prev) == SOP_BLOCK_CACHED &&
-					 b->phys_prev->owner == ss)))
+					 sop__block_owner(b->phys_prev) == ss)))
 			b = b->phys_prev;
 		if (b != v[i]) {
 			/* b is the run's first block: it becomes the merged block. */
@@ -289,13 +289,13 @@ cache_coalesce(struct sop_pool *pool, struct sop__sstream *ss)
 				sop__bins_remove(&ss->cache, b);
 			atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_CACHED),
 					      memory_order_release);
-			b->owner = ss;
+			sop__block_set_owner(b, ss);
 			b->seq = b->seq > v[i]->seq ? b->seq : v[i]->seq;
 			/* Put v[i] back so the loop below absorbs it like any neighbour. */
 			sop__bins_insert(&ss->cache, v[i]);
 		}
 		while ((n = b->phys_next) && (sop__block_state(n) == SOP_BLOCK_FREE ||
-					      (sop__block_state(n) == SOP_BLOCK_CACHED && n->owner == ss))) {
+					      (sop__block_state(n) == SOP_BLOCK_CACHED && sop__block_owner(n) == ss))) {
 			if (sop__block_state(n) == SOP_BLOCK_FREE) {
 				sop__bins_remove(&pool->heap, n);
 			} else {
@@ -454,7 +454,7 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 			}
 			sop__used_sub(pool, b->req);
 			b->req = 0;
-			b->owner = ss;
+			sop__block_set_owner(b, ss);
 			b->seq = ++ss->free_seq;
 			sop__bins_insert(&ss->cache, b);
 			sop__lock_drop(&ss->lock);

@@ -28,10 +28,15 @@
 
 #include "sim.h"
 
+/* A sanitizer may report a SEGV itself and exit with an error instead of the signal. */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-/* A sanitizer reports a SEGV itself and exits with an error instead of the signal. */
 #define SANITIZED 1
-#else
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
 #define SANITIZED 0
 #endif
 
@@ -300,7 +305,7 @@ enum touch { TOUCH_READ, TOUCH_WRITE };
 /* Touches *p in a forked child; true if that faulted. Exit 42: it did not. */
 static bool touch_faults(volatile unsigned char *p, enum touch how)
 {
-	int status;
+	int status = 0;
 	pid_t pid;
 
 	fflush(NULL);
@@ -339,7 +344,8 @@ static void test_devices(void)
 	CHECK(strlen(name) > 0);
 	OK(drv.cuDeviceTotalMem(&total, 0));
 	CHECK(total == 64u << 20);
-	OK(drv.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0));
+	OK(drv.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+				    0));
 	CHECK(v == 1);
 	OK(drv.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 1));
 	CHECK(v == 9);
@@ -935,7 +941,7 @@ static int async_fault_child(void)
 
 static void test_async_fault(char *self)
 {
-	int status;
+	int status = 0;
 	pid_t pid;
 
 	fflush(NULL);
@@ -953,7 +959,7 @@ static void test_async_fault(char *self)
 
 static void test_no_devices(void)
 {
-	int status;
+	int status = 0;
 	pid_t pid;
 
 	fflush(NULL);

@@ -738,8 +738,9 @@ SIM_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHa
 	return rc;
 }
 
-SIM_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
-								   CUmemGenericAllocationHandle handle)
+SIM_EXPORT CUresult CUDAAPI
+cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+				       CUmemGenericAllocationHandle handle)
 {
 	struct handle *h;
 	CUresult rc = CUDA_ERROR_INVALID_VALUE;

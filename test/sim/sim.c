@@ -284,7 +284,8 @@ static void parse_fail_env(void)
 			unsigned long v = strtoul(code_s, &end, 0);
 
 			if (end == code_s || *end)
-				sim_die("sim: SOP_SIM_FAIL: bad error code '%s' for %s", code_s, item);
+				sim_die("sim: SOP_SIM_FAIL: bad error code '%s' for %s",
+					code_s, item);
 			code = (CUresult)v;
 		}
 		add_rule(e, nth, code);
@@ -552,7 +553,8 @@ SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
 	return rc;
 }
 
-SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags,
+							int *active)
 {
 	SIM_ENTER(cuDevicePrimaryCtxGetState);
 	if (!flags || !active)
