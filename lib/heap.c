@@ -564,27 +564,15 @@ sop__heap_release(struct sop_pool *pool, size_t target, size_t floor)
 	return CUDA_SUCCESS;
 }
 
+/* Free the host side of a pool whose memory has gone back to the driver. */
 void
 sop__heap_destroy(struct sop_pool *pool)
 {
-	struct sop__segment *seg;
 	size_t i;
 
-	orphans_release(pool);
 	free(pool->orphans);
 	pool->orphans = NULL;
 	pool->n_orphans = 0;
-	if (sop__pool_ctx_push(pool) == CUDA_SUCCESS) {
-		while ((seg = pool->segments)) {
-			sop__drv.cuMemUnmap(seg->va, seg->size);
-			sop__drv.cuMemRelease(seg->handle);
-			pool->segments = seg->next;
-			free(seg);
-		}
-		sop__pool_ctx_pop(pool);
-	}
-	pool->n_segments = 0;
-	atomic_store(&pool->reserved, 0);
 	while (pool->va_free) {
 		struct sop__va_extent *e = pool->va_free;
 		pool->va_free = e->next;

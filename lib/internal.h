@@ -239,7 +239,7 @@ CUresult sop__heap_grow(struct sop_pool *pool, size_t size);
 /* Release segments that are wholly free, largest first, while reserved > target and the
  * release keeps reserved >= floor. Pool lock held. Stops at the first driver error and returns it. */
 CUresult sop__heap_release(struct sop_pool *pool, size_t target, size_t floor);
-/* Release everything: the pool is being torn down. */
+/* Free the host side of a pool whose segments have all been released. */
 void sop__heap_destroy(struct sop_pool *pool);
 
 /* ---- stream.c ---------------------------------------------------------------------------- */
@@ -262,6 +262,18 @@ struct sop__stream_ref {
 	struct sop__sstream *ss;
 	uint64_t id;
 };
+
+/* The per-thread cache of which device a stream belongs to (used by sop.c). */
+#define SOP_DEV_WAYS 8
+struct sop__dev_entry {
+	CUstream handle;
+	CUcontext ctx;
+	CUdevice device;
+	bool valid;
+};
+/* This thread's device cache (SOP_DEV_WAYS entries), or NULL without host memory. */
+struct sop__dev_entry *sop__dev_cache(void);
+struct sop__tcache *sop__tcache_slow(void);
 
 /* The stream's id and context. CUDA_ERROR_INVALID_CONTEXT for a special stream with no
  * current context, or the driver's code for a bad handle. */

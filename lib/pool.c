@@ -130,14 +130,25 @@ pool_empty(struct sop_pool *pool)
 bool
 sop__pool_reap(struct sop_pool *pool)
 {
-	if (!pool->destroyed || atomic_load(&pool->dead) || !pool_empty(pool))
+	CUresult r;
+
+	if (!atomic_load(&pool->destroyed) || atomic_load(&pool->dead) || !pool_empty(pool))
 		return false;
+	/* Give everything back to the driver. If it refuses anything, the pool stays as it is,
+	 * destroyed but whole, and the next synchronization point tries again. */
+	if (sop__heap_release(pool, 0, 0) != CUDA_SUCCESS || pool->segments || pool->n_orphans)
+		return false;
+	if (pool->va_size) {
+		r = sop__pool_ctx_push(pool);
+		if (r != CUDA_SUCCESS)
+			return false;
+		r = sop__drv.cuMemAddressFree(pool->va_base, pool->va_size);
+		sop__pool_ctx_pop(pool);
+		if (r != CUDA_SUCCESS)
+			return false;
+	}
 	sop__registry_remove(pool);
 	sop__heap_destroy(pool);
-	if (sop__pool_ctx_push(pool) == CUDA_SUCCESS) {
-		sop__drv.cuMemAddressFree(pool->va_base, pool->va_size);
-		sop__pool_ctx_pop(pool);
-	}
 	sop__drv.cuDevicePrimaryCtxRelease(pool->device);
 	sop__sstream_destroy_all(pool);
 	free(pool->access);
@@ -146,6 +157,24 @@ sop__pool_reap(struct sop_pool *pool)
 	atomic_store(&pool->dead, true);
 	pthread_mutex_unlock(&pool->lock);
 	return true;
+}
+
+/* Pools destroyed earlier whose teardown the driver refused: try again. */
+static void
+reap_stragglers(void)
+{
+	struct sop_pool **pools;
+	size_t n, i;
+
+	pools = sop__registry_snapshot(&n);
+	for (i = 0; i < n; i++) {
+		if (!atomic_load(&pools[i]->destroyed))
+			continue;
+		pthread_mutex_lock(&pools[i]->lock);
+		if (!sop__pool_reap(pools[i]))
+			pthread_mutex_unlock(&pools[i]->lock);
+	}
+	free(pools);
 }
 
 void
@@ -490,8 +519,10 @@ sop__sync_stream(CUstream stream)
 		return r;
 	marks = sync_marks(id, NULL, &n);
 	r = sop__drv.cuStreamSynchronize(stream);
-	if (r == CUDA_SUCCESS)
+	if (r == CUDA_SUCCESS) {
 		sync_complete(marks, n, false);
+		reap_stragglers();
+	}
 	free(marks);
 	return r;
 }
@@ -511,8 +542,10 @@ sop__sync_ctx(void)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	marks = sync_marks(0, ctx, &n);
 	r = sop__drv.cuCtxSynchronize();
-	if (r == CUDA_SUCCESS)
+	if (r == CUDA_SUCCESS) {
 		sync_complete(marks, n, true);
+		reap_stragglers();
+	}
 	free(marks);
 	return r;
 }

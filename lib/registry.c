@@ -61,7 +61,13 @@ init_run(void)
 CUresult
 sop__init(void)
 {
+	/* After the first call, one load: no call into libc on every allocation. */
+	static atomic_bool done;
+
+	if (SOP_LIKELY(atomic_load_explicit(&done, memory_order_acquire)))
+		return init_status;
 	pthread_once(&init_once, init_run);
+	atomic_store_explicit(&done, true, memory_order_release);
 	return init_status;
 }
 

@@ -207,26 +207,17 @@ sop_device_get_pool(sop_pool_t *pool, CUdevice device)
 
 /* ---- Allocation -------------------------------------------------------------------------- */
 
-/* Which device a stream belongs to, cached per thread. Special handles depend on the current
- * context, which is then part of the key. */
-#define DEV_WAYS 8
-
-struct dev_entry {
-	CUstream handle;
-	CUcontext ctx;
-	CUdevice device;
-	bool valid;
-};
-
-static _Thread_local struct dev_entry dev_cache[DEV_WAYS];
-
+/* Which device a stream belongs to, cached per thread (stream.c keeps the cache). Special
+ * handles depend on the current context, which is then part of the key. */
 static CUresult
 stream_device(CUstream stream, CUdevice *device)
 {
 	bool special = (uintptr_t)stream <= (uintptr_t)CU_STREAM_PER_THREAD;
-	struct dev_entry *e = &dev_cache[((uintptr_t)stream >> 4 ^ (uintptr_t)stream) % DEV_WAYS];
+	struct sop__dev_entry *cache = sop__dev_cache(), scratch = {0}, *e;
 	CUcontext cur = NULL, ctx, popped;
 	CUresult r;
+
+	e = cache ? &cache[((uintptr_t)stream >> 4 ^ (uintptr_t)stream) % SOP_DEV_WAYS] : &scratch;
 
 	if (special) {
 		r = sop__drv.cuCtxGetCurrent(&cur);
@@ -249,7 +240,7 @@ stream_device(CUstream stream, CUdevice *device)
 	sop__drv.cuCtxPopCurrent(&popped);
 	if (r != CUDA_SUCCESS)
 		return r;
-	*e = (struct dev_entry){stream, cur, *device, true};
+	*e = (struct sop__dev_entry){stream, cur, *device, true};
 	return CUDA_SUCCESS;
 }
 

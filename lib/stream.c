@@ -83,7 +83,11 @@ sstream_new(struct sop_pool *pool, uint64_t id, CUcontext ctx)
 }
 
 /* Thread-local cache of recently used stream states. A stale entry is harmless: users take the
- * state's lock and compare its id with the entry's before trusting it. */
+ * state's lock and compare its id with the entry's before trusting it.
+ *
+ * The cache is reached through one initial-exec thread-local pointer: a library's own
+ * thread-local arrays would cost a __tls_get_addr call per access, and eight bytes of static TLS
+ * fit even when the library is loaded with dlopen. */
 #define TLS_WAYS 16
 
 struct tls_entry {
@@ -93,7 +97,56 @@ struct tls_entry {
 	struct sop__stream_ref ref;
 };
 
-static _Thread_local struct tls_entry tls_cache[TLS_WAYS];
+struct sop__tcache {
+	struct tls_entry streams[TLS_WAYS];
+	struct sop__dev_entry devices[SOP_DEV_WAYS];
+};
+
+static __thread struct sop__tcache *tcache __attribute__((tls_model("initial-exec")));
+static pthread_key_t tcache_key;
+static pthread_once_t tcache_once = PTHREAD_ONCE_INIT;
+
+static void
+tcache_free(void *p)
+{
+	free(p);
+}
+
+static void
+tcache_key_make(void)
+{
+	pthread_key_create(&tcache_key, tcache_free);
+}
+
+struct sop__tcache *
+sop__tcache_slow(void)
+{
+	struct sop__tcache *c;
+
+	pthread_once(&tcache_once, tcache_key_make);
+	c = calloc(1, sizeof *c);
+	if (!c)
+		return NULL;
+	pthread_setspecific(tcache_key, c); /* freed when the thread exits */
+	tcache = c;
+	return c;
+}
+
+static inline struct sop__tcache *
+tcache_get(void)
+{
+	struct sop__tcache *c = tcache;
+
+	return SOP_LIKELY(c != NULL) ? c : sop__tcache_slow();
+}
+
+struct sop__dev_entry *
+sop__dev_cache(void)
+{
+	struct sop__tcache *c = tcache_get();
+
+	return c ? c->devices : NULL;
+}
 
 static inline unsigned
 tls_slot(struct sop_pool *pool, CUstream stream)
@@ -129,9 +182,14 @@ sstream_lookup(struct sop_pool *pool, CUstream stream, struct sop__stream_ref *o
 CUresult
 sop__sstream_get(struct sop_pool *pool, CUstream stream, struct sop__stream_ref *out)
 {
-	struct tls_entry *e = &tls_cache[tls_slot(pool, stream)];
+	struct sop__tcache *c = tcache_get();
+	struct tls_entry *e;
 	CUcontext cur = NULL;
 	CUresult r;
+
+	if (SOP_UNLIKELY(!c))
+		return sstream_lookup(pool, stream, out); /* no host memory for a cache */
+	e = &c->streams[tls_slot(pool, stream)];
 
 	if (stream_special(stream)) {
 		r = sop__drv.cuCtxGetCurrent(&cur);
@@ -158,9 +216,10 @@ sop__sstream_get(struct sop_pool *pool, CUstream stream, struct sop__stream_ref 
 static void
 tls_drop(struct sop_pool *pool, CUstream stream)
 {
-	struct tls_entry *e = &tls_cache[tls_slot(pool, stream)];
+	struct sop__tcache *c = tcache;
+	struct tls_entry *e = c ? &c->streams[tls_slot(pool, stream)] : NULL;
 
-	if (e->pool == pool && e->handle == stream)
+	if (e && e->pool == pool && e->handle == stream)
 		e->ref.ss = NULL;
 }
 

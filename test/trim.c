@@ -149,6 +149,49 @@ trim(CUstream s)
 	TH_OK(sop_pool_destroy(pool));
 }
 
+/* The device cannot back a request: out of memory, the pool as it was, and the pool still
+ * serves what the device can back. Then fill the device and find its end. */
+static void
+device_full(CUstream s)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	size_t total = 0, n = 0, i;
+	void *p = (void *)0x1, **v;
+	CUresult r;
+
+	TH_OK(sop__drv.cuDeviceTotalMem(&total, 0));
+	TH_EQ(sop_malloc_from_pool_async(&p, total + 64 * MiB, pool, s), CUDA_ERROR_OUT_OF_MEMORY);
+	TH_ASSERT(p == (void *)0x1);
+	TH_EQ(reserved(pool), 0);
+	TH_CHECK(pool);
+
+	v = calloc(total / (256 * MiB) + 2, sizeof *v);
+	TH_ASSERT(v);
+	for (;;) {
+		r = sop_malloc_from_pool_async(&v[n], 256 * MiB, pool, s);
+		if (r != CUDA_SUCCESS)
+			break;
+		n++;
+		TH_ASSERT(n <= total / (256 * MiB));
+	}
+	TH_EQ(r, CUDA_ERROR_OUT_OF_MEMORY);
+	TH_ASSERT(n > 0);
+	TH_CHECK(pool);
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), n * 256 * MiB);
+	for (i = 0; i < n; i++)
+		TH_OK(sop_free_async(v[i], s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_EQ(reserved(pool), 0);
+	/* Full again, and usable. */
+	TH_OK(sop_malloc_from_pool_async(&p, 256 * MiB, pool, s));
+	TH_OK(sop_free_async(p, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_CHECK(pool);
+	free(v);
+	printf("trim: the device held %zu x 256 MiB\n", n);
+	TH_OK(sop_pool_destroy(pool));
+}
+
 int
 main(void)
 {
@@ -160,6 +203,7 @@ main(void)
 	max_size(s1);
 	threshold(s1, s2);
 	trim(s1);
+	device_full(s1);
 	th_stream_destroy(s1);
 	th_stream_destroy(s2);
 	printf("trim: ok\n");
