@@ -115,17 +115,27 @@ CUresult sop_pointer_get_pool(sop_pool_t *pool, const void *ptr);
 
 /* ---- Synchronization points ------------------------------------------------------------- */
 
-/* Wrappers of cuEventRecord, cuStreamWaitEvent, cuStreamSynchronize, cuEventSynchronize and
- * cuCtxSynchronize. They do what the driver call does and return its code; in addition, the
- * synchronize calls are the points where sop learns that frees have completed: frees enqueued
- * on the synchronized stream (or every stream of the current context) before the call become
- * reusable by every stream, and the pools concerned release physical memory above their release
- * threshold. Driver calls made directly are invisible to sop. */
+/* Wrappers of cuEventRecord, cuStreamWaitEvent, cuStreamSynchronize, cuEventSynchronize,
+ * cuCtxSynchronize and cuEventDestroy. Each does what the driver call does and returns its code;
+ * in addition sop learns from them what stream order guarantees (doc/reuse.md):
+ *  - an event recorded with sop_event_record carries the recording stream's position, and the
+ *    positions that stream was ordered after; a stream that waits on it with
+ *    sop_stream_wait_event may then reuse, at once, memory freed before that position
+ *    (CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES);
+ *  - the synchronize calls make the frees they cover (those enqueued on the stream, before the
+ *    event, or on every stream of the current context, before the call) reusable by every stream
+ *    whatever the policies, and the pools concerned then release physical memory above their
+ *    release threshold.
+ * Driver calls made directly are invisible to sop: safe, only less eager. An event that was
+ * recorded with sop_event_record must not be re-recorded with cuEventRecord directly while sop
+ * may still see it waited on, and should be destroyed with sop_event_destroy, so that sop never
+ * credits it with a dependency it no longer carries. */
 CUresult sop_event_record(CUevent event, CUstream stream);
 CUresult sop_stream_wait_event(CUstream stream, CUevent event, unsigned int flags);
 CUresult sop_stream_synchronize(CUstream stream);
 CUresult sop_event_synchronize(CUevent event);
 CUresult sop_ctx_synchronize(void);
+CUresult sop_event_destroy(CUevent event);
 
 #ifdef __cplusplus
 }

@@ -95,7 +95,10 @@ sop__lock_drop(struct sop__lock *l)
 	X(cuStreamGetId)                                                                           \
 	X(cuStreamSynchronize)                                                                     \
 	X(cuStreamWaitEvent)                                                                       \
+	X(cuEventCreate)                                                                           \
+	X(cuEventDestroy)                                                                          \
 	X(cuEventRecord)                                                                           \
+	X(cuEventQuery)                                                                            \
 	X(cuEventSynchronize)                                                                      \
 	X(cuMemGetAllocationGranularity)                                                           \
 	X(cuMemAddressReserve)                                                                     \
@@ -244,17 +247,30 @@ void sop__heap_destroy(struct sop_pool *pool);
 
 /* ---- stream.c ---------------------------------------------------------------------------- */
 
-/* A pool's view of one stream: the blocks freed on it that only it may reuse yet. The lock
- * guards the cache, free_seq and the identity; a state whose id is 0 is retired. */
+/* A pool's view of one stream: the blocks freed on it that only it may reuse yet, each tagged
+ * with the stream's epoch at its free. The lock guards the cache and the identity; a state
+ * whose id is 0 is retired. */
 struct sop__sstream {
 	struct sop__lock lock;
 	struct sop_pool *pool;
-	CUcontext ctx;     /* the stream's context */
-	uint64_t id;       /* cuStreamGetId: unique for the process's lifetime; 0 once retired */
-	uint64_t free_seq; /* frees on this stream so far */
+	CUcontext ctx;          /* the stream's context */
+	uint64_t id;            /* cuStreamGetId: unique for the process's lifetime; 0 once retired */
+	struct sop__stream *st; /* the stream's record (order.c) */
 	struct sop__bins cache;
 	struct sop__sstream *next; /* pool->streams or pool->spare_streams */
 };
+
+/* Bytes cached on a stream, read under its lock (a free may be adding to them). */
+static inline size_t
+sop__sstream_cached(struct sop__sstream *ss)
+{
+	size_t n;
+
+	sop__lock_take(&ss->lock);
+	n = ss->cache.n_bytes;
+	sop__lock_drop(&ss->lock);
+	return n;
+}
 
 /* A stream as the pool sees it: its state, and the id that state had when it was looked up.
  * Operations take ss->lock and check ss->id == id before trusting the state. */
@@ -285,13 +301,81 @@ struct sop__sstream *sop__sstream_find(struct sop_pool *pool, uint64_t id);
 /* Allocation and free in stream order. */
 CUresult sop__alloc(struct sop_pool *pool, CUstream stream, size_t req, void **ptr);
 CUresult sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream);
-/* Move the cached blocks of ss freed up to seq into the heap: their frees have completed.
+/* Move the cached blocks of ss freed up to epoch into the heap: their frees have completed.
  * Pool lock held. Returns the number of blocks moved. */
-size_t sop__sstream_flush(struct sop__sstream *ss, uint64_t seq);
+size_t sop__sstream_flush(struct sop__sstream *ss, uint64_t epoch);
 /* Retire the pool's empty stream states (their streams may be gone). Pool lock held. */
 void sop__sstream_retire_idle(struct sop_pool *pool);
 /* Free every stream state of a pool being torn down. */
 void sop__sstream_destroy_all(struct sop_pool *pool);
+
+/* ---- order.c ----------------------------------------------------------------------------- */
+
+#define SOP_PROBES 4
+#define SOP_DEPS 16
+
+struct sop__stream;
+
+/* A set of (stream, epoch): "ordered after the work of each stream up to its epoch". */
+struct sop__clock {
+	unsigned n;
+	struct {
+		struct sop__stream *s;
+		uint64_t epoch;
+	} e[SOP_DEPS];
+};
+
+/* An event sop recorded on a stream to learn when the frees before it have completed. */
+struct sop__probe {
+	CUevent ev;
+	uint64_t epoch; /* the stream's epoch the record marked */
+	bool pending;   /* recorded, not yet seen complete */
+};
+
+/* One per stream sop has seen, shared by every pool; kept for the process's lifetime. */
+struct sop__stream {
+	uint64_t id;
+	CUcontext ctx;
+	_Atomic uint64_t epoch;   /* frees are tagged with it; marks advance it; starts at 1 */
+	_Atomic uint64_t done;    /* frees up to here are complete (a probe or a sync said so) */
+	_Atomic uint64_t newest;  /* epoch of the newest probe, 0 if none */
+	atomic_uint frees_since;  /* frees since the last probe */
+	_Atomic uint64_t next_poll_ns; /* do not query running probes again before this */
+	pthread_mutex_t lock;     /* probes and deps */
+	struct sop__probe probe[SOP_PROBES];
+	unsigned next_probe;
+	struct sop__clock deps;   /* what this stream's future work is ordered after */
+	struct sop__stream *hash_next;
+};
+
+/* The record of a stream (by cuStreamGetId), made on first sight. NULL without host memory. */
+struct sop__stream *sop__stream_record(uint64_t id, CUcontext ctx);
+/* Every record of a context, in a malloc'd array. */
+struct sop__stream **sop__stream_all(CUcontext ctx, size_t *n);
+/* More than one stream has been seen: observing completion can pay off. */
+bool sop__streams_interact(void);
+/* Mark the stream's current point: returns the epoch it closes. Call before the driver call
+ * that marks the point (record, synchronize). */
+uint64_t sop__stream_mark(struct sop__stream *st);
+/* After a free tagged seq on the stream (named by handle in the current call): record a probe
+ * if one is due. */
+void sop__stream_after_free(struct sop__stream *st, CUstream handle, uint64_t seq, bool pressure);
+/* Frees on the stream up to epoch are known complete (a synchronization or a probe said so). */
+void sop__stream_completed(struct sop__stream *st, uint64_t epoch);
+/* Query the stream's pending probes; returns the epoch up to which its frees are complete. */
+uint64_t sop__stream_poll(struct sop__stream *st);
+/* The epoch of s that t's future work is ordered after (0: none known). */
+uint64_t sop__stream_dep(struct sop__stream *t, struct sop__stream *s);
+/* Make t (named by t_handle) wait for a probe of s that covers seq, and remember it.
+ * CUDA_ERROR_NOT_FOUND if no probe covers seq. */
+CUresult sop__stream_wait_for(struct sop__stream *t, CUstream t_handle, struct sop__stream *s,
+			      uint64_t seq);
+/* Events: record with the recording stream's clock; wait and merge it into the waiting
+ * stream's; the clock an event carries; forget an event. */
+CUresult sop__event_record(CUevent ev, CUstream stream);
+CUresult sop__event_wait(CUstream stream, CUevent ev, unsigned int flags);
+bool sop__event_clock(CUevent ev, struct sop__clock *out);
+void sop__event_forget(CUevent ev);
 
 /* ---- pool.c ------------------------------------------------------------------------------ */
 
@@ -332,6 +416,9 @@ struct sop_pool {
 	size_t n_access;
 
 	atomic_int reuse_follow, reuse_opportunistic, reuse_internal;
+	/* Growth failed (maxSize or the device): probe every free, for internal dependencies.
+	 * Cleared at synchronization points. */
+	atomic_bool pressure;
 	_Atomic uint64_t release_threshold;
 	_Atomic uint64_t used, used_high;
 	_Atomic uint64_t reserved, reserved_high;
@@ -376,6 +463,7 @@ CUresult sop__pool_trim(struct sop_pool *pool, size_t keep);
  * apply the release thresholds of the pools concerned. */
 CUresult sop__sync_stream(CUstream stream);
 CUresult sop__sync_ctx(void);
+CUresult sop__sync_event(CUevent event);
 /* Push and pop the pool's context around driver calls that need one. */
 CUresult sop__pool_ctx_push(struct sop_pool *pool);
 void sop__pool_ctx_pop(struct sop_pool *pool);

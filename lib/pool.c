@@ -122,7 +122,7 @@ pool_empty(struct sop_pool *pool)
 	if (atomic_load(&pool->used))
 		return false;
 	for (ss = pool->streams; ss; ss = ss->next)
-		if (ss->cache.n_blocks)
+		if (sop__sstream_cached(ss))
 			return false;
 	return true;
 }
@@ -157,24 +157,6 @@ sop__pool_reap(struct sop_pool *pool)
 	atomic_store(&pool->dead, true);
 	pthread_mutex_unlock(&pool->lock);
 	return true;
-}
-
-/* Pools destroyed earlier whose teardown the driver refused: try again. */
-static void
-reap_stragglers(void)
-{
-	struct sop_pool **pools;
-	size_t n, i;
-
-	pools = sop__registry_snapshot(&n);
-	for (i = 0; i < n; i++) {
-		if (!atomic_load(&pools[i]->destroyed))
-			continue;
-		pthread_mutex_lock(&pools[i]->lock);
-		if (!sop__pool_reap(pools[i]))
-			pthread_mutex_unlock(&pools[i]->lock);
-	}
-	free(pools);
 }
 
 void
@@ -431,108 +413,75 @@ sop__pool_trim(struct sop_pool *pool, size_t keep)
 	return r;
 }
 
-/* A stream's position in one pool, taken before a synchronize call. */
+/* A synchronization call returned: frees on each stream up to its marked epoch have
+ * completed. Give them to the heap in every pool, apply the release thresholds, and finish the
+ * teardown of destroyed pools. */
 struct sync_mark {
-	struct sop_pool *pool;
-	struct sop__sstream *ss;
-	uint64_t id, seq;
+	struct sop__stream *st;
+	uint64_t epoch;
 };
 
-/* Note, in every pool, how far frees on the matching streams have gone: frees after the mark
- * may still be running when the synchronize returns. match_id != 0 picks one stream;
- * otherwise every stream of ctx. */
-static struct sync_mark *
-sync_marks(uint64_t match_id, CUcontext ctx, size_t *n)
+static void
+sync_complete(const struct sync_mark *marks, size_t n, bool retire)
 {
 	struct sop_pool **pools;
-	struct sync_mark *marks = NULL;
-	size_t n_pools, i, k = 0, cap = 0;
+	size_t n_pools, i, k;
 
+	for (k = 0; k < n; k++)
+		sop__stream_completed(marks[k].st, marks[k].epoch);
 	pools = sop__registry_snapshot(&n_pools);
 	for (i = 0; i < n_pools; i++) {
 		struct sop_pool *pool = pools[i];
 		struct sop__sstream *ss;
 
 		pthread_mutex_lock(&pool->lock);
-		for (ss = atomic_load(&pool->dead) ? NULL : pool->streams; ss; ss = ss->next) {
-			if (match_id ? ss->id != match_id : ss->ctx != ctx)
-				continue;
-			if (k == cap) {
-				size_t c = cap ? cap * 2 : 8;
-				struct sync_mark *m = realloc(marks, c * sizeof *m);
-				if (!m)
-					break; /* fewer frees become reusable: safe */
-				marks = m;
-				cap = c;
-			}
-			sop__lock_take(&ss->lock);
-			marks[k++] = (struct sync_mark){pool, ss, ss->id, ss->free_seq};
-			sop__lock_drop(&ss->lock);
-		}
-		pthread_mutex_unlock(&pool->lock);
-	}
-	free(pools);
-	*n = k;
-	return marks;
-}
-
-/* The synchronize call returned: frees up to each mark have completed. */
-static void
-sync_complete(struct sync_mark *marks, size_t n, bool retire)
-{
-	size_t i;
-
-	for (i = 0; i < n; i++) {
-		struct sop_pool *pool = marks[i].pool;
-
-		pthread_mutex_lock(&pool->lock);
-		if (!atomic_load(&pool->dead) && marks[i].ss->id == marks[i].id)
-			sop__sstream_flush(marks[i].ss, marks[i].seq);
-		/* A pool's last mark applies its threshold once. */
-		if (i + 1 < n && marks[i + 1].pool == pool) {
-			pthread_mutex_unlock(&pool->lock);
-			continue;
-		}
 		if (atomic_load(&pool->dead)) {
 			pthread_mutex_unlock(&pool->lock);
 			continue;
 		}
+		for (ss = pool->streams; ss; ss = ss->next)
+			for (k = 0; k < n; k++)
+				if (ss->st == marks[k].st)
+					sop__sstream_flush(ss, marks[k].epoch);
 		if (retire && pool->n_streams > 16)
 			sop__sstream_retire_idle(pool);
+		atomic_store(&pool->pressure, false);
 		sop__pool_apply_threshold(pool);
 		if (!sop__pool_reap(pool))
 			pthread_mutex_unlock(&pool->lock);
 	}
+	free(pools);
 }
 
 CUresult
 sop__sync_stream(CUstream stream)
 {
-	struct sync_mark *marks;
+	struct sync_mark mark;
 	CUcontext ctx;
 	uint64_t id;
-	size_t n;
 	CUresult r;
 
 	r = sop__stream_identify(stream, &id, &ctx);
 	if (r != CUDA_SUCCESS)
 		return r;
-	marks = sync_marks(id, NULL, &n);
+	mark.st = sop__stream_record(id, ctx);
+	if (!mark.st)
+		return sop__drv.cuStreamSynchronize(stream);
+	/* Frees tagged up to this epoch were called before the synchronize. */
+	mark.epoch = sop__stream_mark(mark.st);
 	r = sop__drv.cuStreamSynchronize(stream);
-	if (r == CUDA_SUCCESS) {
-		sync_complete(marks, n, false);
-		reap_stragglers();
-	}
-	free(marks);
+	if (r == CUDA_SUCCESS)
+		sync_complete(&mark, 1, false);
 	return r;
 }
 
 CUresult
 sop__sync_ctx(void)
 {
+	struct sop__stream **all;
 	struct sync_mark *marks;
 	CUcontext ctx = NULL;
-	size_t n;
+	size_t n, i;
 	CUresult r;
 
 	r = sop__drv.cuCtxGetCurrent(&ctx);
@@ -540,12 +489,39 @@ sop__sync_ctx(void)
 		return r;
 	if (!ctx)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	marks = sync_marks(0, ctx, &n);
-	r = sop__drv.cuCtxSynchronize();
-	if (r == CUDA_SUCCESS) {
-		sync_complete(marks, n, true);
-		reap_stragglers();
+	all = sop__stream_all(ctx, &n);
+	marks = n ? calloc(n, sizeof *marks) : NULL;
+	for (i = 0; marks && i < n; i++) {
+		marks[i].st = all[i];
+		marks[i].epoch = sop__stream_mark(all[i]);
 	}
+	if (!marks)
+		n = 0; /* without host memory nothing becomes reusable: safe */
+	r = sop__drv.cuCtxSynchronize();
+	if (r == CUDA_SUCCESS)
+		sync_complete(marks, n, true);
 	free(marks);
+	free(all);
+	return r;
+}
+
+CUresult
+sop__sync_event(CUevent event)
+{
+	struct sync_mark marks[SOP_DEPS];
+	struct sop__clock clock;
+	size_t n = 0, i;
+	CUresult r;
+
+	if (!sop__event_clock(event, &clock))
+		clock.n = 0;
+	r = sop__drv.cuEventSynchronize(event);
+	if (r != CUDA_SUCCESS)
+		return r;
+	for (i = 0; i < clock.n; i++) {
+		marks[n].st = clock.e[i].s;
+		marks[n++].epoch = clock.e[i].epoch;
+	}
+	sync_complete(marks, n, false);
 	return r;
 }

@@ -375,7 +375,7 @@ sop_event_record(CUevent event, CUstream stream)
 
 	if (r != CUDA_SUCCESS)
 		return r;
-	return sop__drv.cuEventRecord(event, stream);
+	return sop__event_record(event, stream);
 }
 
 SOP_API CUresult
@@ -385,7 +385,7 @@ sop_stream_wait_event(CUstream stream, CUevent event, unsigned int flags)
 
 	if (r != CUDA_SUCCESS)
 		return r;
-	return sop__drv.cuStreamWaitEvent(stream, event, flags);
+	return sop__event_wait(stream, event, flags);
 }
 
 SOP_API CUresult
@@ -405,7 +405,7 @@ sop_event_synchronize(CUevent event)
 
 	if (r != CUDA_SUCCESS)
 		return r;
-	return sop__drv.cuEventSynchronize(event);
+	return sop__sync_event(event);
 }
 
 SOP_API CUresult
@@ -416,4 +416,15 @@ sop_ctx_synchronize(void)
 	if (r != CUDA_SUCCESS)
 		return r;
 	return sop__sync_ctx();
+}
+
+SOP_API CUresult
+sop_event_destroy(CUevent event)
+{
+	CUresult r = sop__init();
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	sop__event_forget(event);
+	return sop__drv.cuEventDestroy(event);
 }

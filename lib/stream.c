@@ -59,7 +59,7 @@ sop__sstream_find(struct sop_pool *pool, uint64_t id)
 }
 
 static struct sop__sstream *
-sstream_new(struct sop_pool *pool, uint64_t id, CUcontext ctx)
+sstream_new(struct sop_pool *pool, uint64_t id, CUcontext ctx, struct sop__stream *st)
 {
 	struct sop__sstream *ss = pool->spare_streams;
 
@@ -74,7 +74,7 @@ sstream_new(struct sop_pool *pool, uint64_t id, CUcontext ctx)
 	ss->pool = pool;
 	ss->ctx = ctx;
 	ss->id = id;
-	ss->free_seq = 0;
+	ss->st = st;
 	sop__lock_drop(&ss->lock);
 	ss->next = pool->streams;
 	pool->streams = ss;
@@ -159,6 +159,7 @@ tls_slot(struct sop_pool *pool, CUstream stream)
 static CUresult
 sstream_lookup(struct sop_pool *pool, CUstream stream, struct sop__stream_ref *out)
 {
+	struct sop__stream *st;
 	struct sop__sstream *ss;
 	CUcontext ctx;
 	uint64_t id;
@@ -167,10 +168,13 @@ sstream_lookup(struct sop_pool *pool, CUstream stream, struct sop__stream_ref *o
 	r = sop__stream_identify(stream, &id, &ctx);
 	if (r != CUDA_SUCCESS)
 		return r;
+	st = sop__stream_record(id, ctx);
+	if (!st)
+		return CUDA_ERROR_OUT_OF_MEMORY;
 	pthread_mutex_lock(&pool->lock);
 	ss = sop__sstream_find(pool, id);
 	if (!ss)
-		ss = sstream_new(pool, id, ctx);
+		ss = sstream_new(pool, id, ctx, st);
 	pthread_mutex_unlock(&pool->lock);
 	if (!ss)
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -250,7 +254,7 @@ cache_collect(struct sop__sstream *ss, size_t *n)
 }
 
 size_t
-sop__sstream_flush(struct sop__sstream *ss, uint64_t seq)
+sop__sstream_flush(struct sop__sstream *ss, uint64_t epoch)
 {
 	struct sop_pool *pool = ss->pool;
 	struct sop__block **v;
@@ -259,7 +263,7 @@ sop__sstream_flush(struct sop__sstream *ss, uint64_t seq)
 	sop__lock_take(&ss->lock);
 	v = cache_collect(ss, &n);
 	for (i = 0; i < n; i++) {
-		if (v[i]->seq > seq)
+		if (v[i]->seq > epoch)
 			continue;
 		sop__bins_remove(&ss->cache, v[i]);
 		/* heap_put may merge v[i] into a FREE neighbour; no other entry of v is FREE. */
@@ -386,9 +390,130 @@ bins_take(struct sop__bins *bins, size_t size)
 	return b;
 }
 
+/* The pool cannot grow any more: a free then gets a probe of its own, so that a stream short of
+ * memory can take it by waiting for that probe (internal dependencies). */
+static bool
+pool_pressed(struct sop_pool *pool)
+{
+	uint64_t reserved = atomic_load_explicit(&pool->reserved, memory_order_relaxed);
+
+	return atomic_load_explicit(&pool->pressure, memory_order_relaxed) ||
+	       (pool->max_size && reserved + pool->granularity > pool->max_size);
+}
+
+/* A block cached on o of at least size bytes whose free is covered by epoch (seq <= epoch;
+ * UINT64_MAX: any), looking at no more than a bounded number of candidates. Both locks held. */
+#define CROSS_PROBES 32
+
+static struct sop__block *
+cache_find_covered(struct sop__sstream *o, size_t size, uint64_t epoch)
+{
+	struct sop__block *b = sop__bins_find(&o->cache, size);
+	unsigned fl, sl, n = 0;
+
+	if (!b)
+		return NULL;
+	/* Walk from the first fitting list onwards: every block there fits. */
+	sop__bins_index(b->size, &fl, &sl);
+	for (; fl < SOP_FL_COUNT && n < CROSS_PROBES; fl++, sl = 0) {
+		if (!(o->cache.fl_bitmap >> fl & 1))
+			continue;
+		for (; sl < SOP_SL_COUNT && n < CROSS_PROBES; sl++)
+			for (b = o->cache.head[fl][sl]; b && n < CROSS_PROBES; b = b->free_next, n++)
+				if (b->size >= size && b->seq <= epoch)
+					return b;
+	}
+	return NULL;
+}
+
+/* Take b out of o's cache for another stream; the caller carves it (the rest stays pending on
+ * o). o's lock held and dropped here. */
+static struct sop__block *
+cache_take(struct sop__sstream *o, struct sop__block *b)
+{
+	sop__bins_remove(&o->cache, b);
+	sop__lock_drop(&o->lock);
+	return b;
+}
+
+/* Follow event dependencies: memory freed on another stream whose free the allocating stream is
+ * already ordered after. Pool lock held. */
+static struct sop__block *
+take_followed(struct sop_pool *pool, struct sop__sstream *ss, size_t size)
+{
+	struct sop__sstream *o;
+
+	for (o = pool->streams; o; o = o->next) {
+		struct sop__block *b;
+		uint64_t dep;
+
+		if (o == ss || sop__sstream_cached(o) < size)
+			continue;
+		dep = sop__stream_dep(ss->st, o->st);
+		if (!dep)
+			continue;
+		sop__lock_take(&o->lock);
+		b = cache_find_covered(o, size, dep);
+		if (b)
+			return cache_take(o, b);
+		sop__lock_drop(&o->lock);
+	}
+	return NULL;
+}
+
+/* Opportunistic: ask the probes of the other streams holding cached memory what has completed,
+ * and give what has to the heap. Pool lock held. Returns true if anything moved. */
+static bool
+flush_observed(struct sop_pool *pool, struct sop__sstream *ss)
+{
+	struct sop__sstream *o;
+	bool moved = false;
+
+	for (o = pool->streams; o; o = o->next) {
+		uint64_t done;
+
+		if (o == ss || !sop__sstream_cached(o))
+			continue;
+		done = sop__stream_poll(o->st);
+		if (done && sop__sstream_flush(o, done))
+			moved = true;
+	}
+	return moved;
+}
+
+/* Internal dependencies: memory whose free is still pending on another stream, taken by making
+ * the allocating stream wait for a probe recorded after the free. Pool lock held. */
+static struct sop__block *
+take_with_wait(struct sop_pool *pool, struct sop__sstream *ss, CUstream stream, size_t size)
+{
+	struct sop__sstream *o;
+
+	for (o = pool->streams; o; o = o->next) {
+		struct sop__block *b;
+		uint64_t newest;
+
+		if (o == ss || sop__sstream_cached(o) < size)
+			continue;
+		newest = atomic_load(&o->st->newest);
+		if (!newest)
+			continue;
+		sop__lock_take(&o->lock);
+		b = cache_find_covered(o, size, newest);
+		if (!b) {
+			/* The pieces may fit once joined. */
+			cache_coalesce(pool, o);
+			b = cache_find_covered(o, size, newest);
+		}
+		if (b && sop__stream_wait_for(ss->st, stream, o->st, b->seq) == CUDA_SUCCESS)
+			return cache_take(o, b);
+		sop__lock_drop(&o->lock);
+	}
+	return NULL;
+}
+
 static CUresult
-alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, size_t size, size_t req,
-	   void **ptr)
+alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream stream,
+	   size_t size, size_t req, void **ptr)
 {
 	struct sop__block *b = NULL;
 	CUresult r = CUDA_SUCCESS;
@@ -409,20 +534,32 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, size_t s
 		pthread_mutex_unlock(&pool->lock);
 		return CUDA_ERROR_NOT_FOUND; /* caller looks the stream up again */
 	}
-	/* 3. Memory every stream may use. */
+	/* 3. Memory this stream is already ordered after, through events. Like the driver, prefer
+	 * freed blocks to carving fresh space: the best fit is usually a block just freed. */
+	if (!b && atomic_load(&pool->reuse_follow))
+		b = take_followed(pool, ss, size);
+	/* 4. Memory whose free has been seen to complete goes to the heap, merged with free
+	 * neighbours; 5. then the heap, which every stream may use. */
+	if (!b && atomic_load(&pool->reuse_opportunistic))
+		flush_observed(pool, ss);
 	if (!b)
 		b = bins_take(&pool->heap, size);
-	/* 4. More physical memory. */
+	/* 6. More physical memory. */
 	if (!b) {
 		r = sop__heap_grow(pool, size);
 		if (r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reserved)) {
-			/* 5. Idle segments given back to make room for one that fits. */
+			/* 7. Idle segments given back to make room for one that fits. */
 			if (sop__heap_release(pool, 0, 0) == CUDA_SUCCESS)
 				r = sop__heap_grow(pool, size);
 		}
 		if (r == CUDA_SUCCESS)
 			b = bins_take(&pool->heap, size);
+		else if (r == CUDA_ERROR_OUT_OF_MEMORY)
+			atomic_store(&pool->pressure, true);
 	}
+	/* 8. Memory still pending on another stream, with a wait inserted. */
+	if (!b && r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reuse_internal))
+		b = take_with_wait(pool, ss, stream, size);
 	if (b) {
 		sop__block_carve(pool, b, size);
 		block_hand_out(pool, b, req, ptr);
@@ -471,7 +608,7 @@ sop__alloc(struct sop_pool *pool, CUstream stream, size_t req, void **ptr)
 				return CUDA_SUCCESS;
 			}
 			sop__lock_drop(&ss->lock);
-			r = alloc_slow(pool, ss, ref.id, size, req, ptr);
+			r = alloc_slow(pool, ss, ref.id, stream, size, req, ptr);
 			if (r != CUDA_ERROR_NOT_FOUND)
 				return r;
 		} else {
@@ -489,6 +626,7 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 	struct sop__block *b = sop__map_get(pool, addr);
 	struct sop__stream_ref ref;
 	struct sop__sstream *ss;
+	uint64_t seq;
 	CUresult r;
 	int tries;
 
@@ -514,9 +652,17 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 			sop__used_sub(pool, b->req);
 			b->req = 0;
 			sop__block_set_owner(b, ss);
-			b->seq = ++ss->free_seq;
+			/* Read after the application's earlier work on the stream was enqueued: a mark
+			 * that advances the epoch past this value comes after that work. */
+			seq = atomic_load(&ss->st->epoch);
+			b->seq = seq;
 			sop__bins_insert(&ss->cache, b);
 			sop__lock_drop(&ss->lock);
+			if (sop__streams_interact() && (atomic_load_explicit(&pool->reuse_opportunistic,
+									     memory_order_relaxed) ||
+							atomic_load_explicit(&pool->reuse_internal,
+									     memory_order_relaxed)))
+				sop__stream_after_free(ss->st, stream, seq, pool_pressed(pool));
 			return CUDA_SUCCESS;
 		}
 		sop__lock_drop(&ss->lock);

@@ -1,0 +1,437 @@
+/* order.c - what sop knows of stream order: per-stream epochs, probe events, and the
+ * dependencies that events carry from stream to stream.
+ *
+ * Every stream sop has seen has one record here, shared by all pools. Its epoch is a counter
+ * that frees read (a free on the stream is tagged with the epoch current at the call) and that
+ * advances whenever sop marks a point in the stream: an event record, a probe, a
+ * synchronization. The rule that makes this sound: the epoch advances *before* the driver call
+ * that marks the point, so a free tagged with an epoch up to the marked one was called before
+ * the mark, and its work was enqueued before the point.
+ *
+ * What sop learns, it learns in epochs:
+ *  - `done`: frees on the stream up to this epoch are complete, seen by querying a probe event
+ *    sop recorded on the stream (the opportunistic policy);
+ *  - `dep[]`: the streams and epochs this stream's future work is ordered after, through events
+ *    recorded with sop_event_record and waited on with sop_stream_wait_event (the
+ *    follow-event-dependencies policy), or through waits sop inserted itself (the internal
+ *    dependencies policy). An event carries the recording stream's own epoch plus its deps, so
+ *    dependencies compose the way stream order composes.
+ *
+ * sop records on a stream only inside a call that names it, so it never touches a stream the
+ * application may have destroyed; it queries and waits only on its own probe events.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+/* ---- Stream records ----------------------------------------------------------------------- */
+
+#define STREAM_BUCKETS 256
+
+static pthread_mutex_t streams_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sop__stream *streams[STREAM_BUCKETS];
+static atomic_uint n_streams;
+
+struct sop__stream *
+sop__stream_record(uint64_t id, CUcontext ctx)
+{
+	struct sop__stream *st;
+	unsigned h = (unsigned)(id * 0x9E3779B97F4A7C15u >> 56) % STREAM_BUCKETS;
+
+	pthread_mutex_lock(&streams_lock);
+	for (st = streams[h]; st; st = st->hash_next)
+		if (st->id == id)
+			goto out;
+	st = calloc(1, sizeof *st);
+	if (!st)
+		goto out;
+	st->id = id;
+	st->ctx = ctx;
+	atomic_init(&st->epoch, 1);
+	pthread_mutex_init(&st->lock, NULL);
+	st->hash_next = streams[h];
+	streams[h] = st;
+	atomic_fetch_add(&n_streams, 1);
+out:
+	pthread_mutex_unlock(&streams_lock);
+	return st;
+}
+
+struct sop__stream **
+sop__stream_all(CUcontext ctx, size_t *n)
+{
+	struct sop__stream **v, *st;
+	size_t k = 0, cap = atomic_load(&n_streams), i;
+
+	*n = 0;
+	pthread_mutex_lock(&streams_lock);
+	v = cap ? malloc(cap * sizeof *v) : NULL;
+	for (i = 0; v && i < STREAM_BUCKETS; i++)
+		for (st = streams[i]; st && k < cap; st = st->hash_next)
+			if (st->ctx == ctx)
+				v[k++] = st;
+	pthread_mutex_unlock(&streams_lock);
+	*n = k;
+	return v;
+}
+
+bool
+sop__streams_interact(void)
+{
+	return atomic_load_explicit(&n_streams, memory_order_relaxed) > 1;
+}
+
+uint64_t
+sop__stream_mark(struct sop__stream *st)
+{
+	return atomic_fetch_add(&st->epoch, 1);
+}
+
+/* ---- Probes ------------------------------------------------------------------------------- */
+
+/* One probe every this many frees on a stream, or sooner when the last one is known complete
+ * or the pool is full (then every free is covered, for internal dependencies). */
+#define PROBE_EVERY 64
+#define PROBE_AGAIN 1
+
+static CUresult
+probe_record(struct sop__stream *st, CUstream handle)
+{
+	struct sop__probe *p = &st->probe[st->next_probe];
+	CUcontext popped;
+	CUresult r;
+
+	if (!p->ev) {
+		r = sop__drv.cuCtxPushCurrent(st->ctx);
+		if (r != CUDA_SUCCESS)
+			return r;
+		r = sop__drv.cuEventCreate(&p->ev, CU_EVENT_DISABLE_TIMING);
+		sop__drv.cuCtxPopCurrent(&popped);
+		if (r != CUDA_SUCCESS) {
+			p->ev = NULL;
+			return r;
+		}
+	}
+	/* The epoch first: frees tagged up to it were called before the record. */
+	p->epoch = sop__stream_mark(st);
+	r = sop__drv.cuEventRecord(p->ev, handle);
+	if (r != CUDA_SUCCESS) {
+		p->pending = false;
+		p->epoch = 0;
+		return r;
+	}
+	p->pending = true;
+	atomic_store(&st->newest, p->epoch);
+	st->next_probe = (st->next_probe + 1) % SOP_PROBES;
+	atomic_store_explicit(&st->frees_since, 0, memory_order_relaxed);
+	return CUDA_SUCCESS;
+}
+
+void
+sop__stream_after_free(struct sop__stream *st, CUstream handle, uint64_t seq, bool pressure)
+{
+	uint64_t newest = atomic_load_explicit(&st->newest, memory_order_relaxed);
+	unsigned since = atomic_fetch_add_explicit(&st->frees_since, 1, memory_order_relaxed) + 1;
+	bool due;
+
+	if (newest >= seq)
+		return; /* a probe recorded since covers this free */
+	due = pressure       /* a full pool: cover every free, for internal dependencies */
+	      || !newest     /* never probed: the first free gets one */
+	      || since >= PROBE_EVERY ||
+	      (since >= PROBE_AGAIN && atomic_load_explicit(&st->done, memory_order_relaxed) >= newest);
+	if (!due)
+		return;
+	pthread_mutex_lock(&st->lock);
+	if (atomic_load(&st->newest) < seq)
+		(void)probe_record(st, handle); /* a failure only loses a chance to reuse early */
+	pthread_mutex_unlock(&st->lock);
+}
+
+/* Query the pending probes, oldest first, and stop at the first still running: probes on one
+ * stream complete in order. Stream lock held. */
+static void
+probes_poll_locked(struct sop__stream *st)
+{
+	unsigned i, k;
+
+	for (i = 0; i < SOP_PROBES; i++) {
+		struct sop__probe *p = NULL;
+		uint64_t best = UINT64_MAX;
+		/* The oldest pending probe. */
+		for (k = 0; k < SOP_PROBES; k++) {
+			if (st->probe[k].pending && st->probe[k].epoch < best) {
+				best = st->probe[k].epoch;
+				p = &st->probe[k];
+			}
+		}
+		if (!p)
+			return;
+		if (sop__drv.cuEventQuery(p->ev) != CUDA_SUCCESS)
+			return;
+		p->pending = false;
+		sop__stream_completed(st, p->epoch);
+	}
+}
+
+void
+sop__stream_completed(struct sop__stream *st, uint64_t epoch)
+{
+	uint64_t done = atomic_load(&st->done);
+
+	while (done < epoch && !atomic_compare_exchange_weak(&st->done, &done, epoch))
+		;
+}
+
+/* A probe seen still running is not asked again for this long: a query costs as much as the
+ * allocation it serves, and the answer rarely changes faster. */
+#define POLL_BACKOFF_NS 4000
+
+static uint64_t
+now_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+uint64_t
+sop__stream_poll(struct sop__stream *st)
+{
+	uint64_t done = atomic_load(&st->done), t;
+
+	/* Nothing to learn, or asked a moment ago. */
+	if (atomic_load(&st->newest) <= done)
+		return done;
+	t = now_ns();
+	if (t < atomic_load_explicit(&st->next_poll_ns, memory_order_relaxed))
+		return done;
+	pthread_mutex_lock(&st->lock);
+	probes_poll_locked(st);
+	if (atomic_load(&st->newest) > atomic_load(&st->done))
+		atomic_store_explicit(&st->next_poll_ns, t + POLL_BACKOFF_NS, memory_order_relaxed);
+	pthread_mutex_unlock(&st->lock);
+	return atomic_load(&st->done);
+}
+
+/* ---- Dependencies -------------------------------------------------------------------------- */
+
+/* Add (s, epoch) to a dependency list of at most SOP_DEPS entries; when it is full the entry
+ * with the oldest epoch goes, which only forgets an opportunity. */
+static void
+deps_add(struct sop__clock *c, struct sop__stream *s, uint64_t epoch)
+{
+	unsigned i, victim = 0;
+
+	for (i = 0; i < c->n; i++) {
+		if (c->e[i].s == s) {
+			if (epoch > c->e[i].epoch)
+				c->e[i].epoch = epoch;
+			return;
+		}
+	}
+	if (c->n < SOP_DEPS) {
+		c->e[c->n].s = s;
+		c->e[c->n++].epoch = epoch;
+		return;
+	}
+	for (i = 1; i < c->n; i++)
+		if (c->e[i].epoch < c->e[victim].epoch)
+			victim = i;
+	c->e[victim].s = s;
+	c->e[victim].epoch = epoch;
+}
+
+uint64_t
+sop__stream_dep(struct sop__stream *t, struct sop__stream *s)
+{
+	uint64_t e = 0;
+	unsigned i;
+
+	pthread_mutex_lock(&t->lock);
+	for (i = 0; i < t->deps.n; i++)
+		if (t->deps.e[i].s == s)
+			e = t->deps.e[i].epoch;
+	pthread_mutex_unlock(&t->lock);
+	return e;
+}
+
+CUresult
+sop__stream_wait_for(struct sop__stream *t, CUstream t_handle, struct sop__stream *s, uint64_t seq)
+{
+	struct sop__probe *best = NULL;
+	CUresult r = CUDA_ERROR_NOT_FOUND;
+	uint64_t covered = 0;
+	unsigned k;
+
+	pthread_mutex_lock(&s->lock);
+	for (k = 0; k < SOP_PROBES; k++) {
+		struct sop__probe *p = &s->probe[k];
+		if (p->ev && p->epoch >= seq && (!best || p->epoch < best->epoch))
+			best = p;
+	}
+	if (best) {
+		covered = best->epoch;
+		/* Under s's lock: the probe cannot be re-recorded between reading its epoch and the
+		 * wait, which takes the event as it is now. */
+		r = sop__drv.cuStreamWaitEvent(t_handle, best->ev, 0);
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (r != CUDA_SUCCESS)
+		return r;
+	pthread_mutex_lock(&t->lock);
+	deps_add(&t->deps, s, covered);
+	pthread_mutex_unlock(&t->lock);
+	return CUDA_SUCCESS;
+}
+
+/* ---- Events --------------------------------------------------------------------------------- */
+
+/* The dependency an event carries, by handle, as last recorded with sop_event_record. */
+struct event_entry {
+	CUevent ev;
+	struct sop__clock clock;
+	struct event_entry *next;
+};
+
+#define EVENT_SHARDS 16
+#define EVENT_BUCKETS 64
+
+static struct {
+	pthread_mutex_t lock;
+	struct event_entry *bucket[EVENT_BUCKETS];
+} events[EVENT_SHARDS] = {
+#define SOP_EV_INIT {PTHREAD_MUTEX_INITIALIZER, {0}}
+	SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT,
+	SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT,
+	SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT,
+#undef SOP_EV_INIT
+};
+
+static unsigned
+event_hash(CUevent ev)
+{
+	uintptr_t h = (uintptr_t)ev * 0x9E3779B97F4A7C15u;
+
+	return (unsigned)(h >> 40);
+}
+
+/* Find (or make, if create) the entry of ev; its shard's lock is held on return. */
+static struct event_entry *
+event_find(CUevent ev, bool create, unsigned *shard)
+{
+	unsigned h = event_hash(ev);
+	struct event_entry *e, **bucket;
+
+	*shard = h % EVENT_SHARDS;
+	pthread_mutex_lock(&events[*shard].lock);
+	bucket = &events[*shard].bucket[(h / EVENT_SHARDS) % EVENT_BUCKETS];
+	for (e = *bucket; e; e = e->next)
+		if (e->ev == ev)
+			return e;
+	if (!create)
+		return NULL;
+	e = calloc(1, sizeof *e);
+	if (e) {
+		e->ev = ev;
+		e->next = *bucket;
+		*bucket = e;
+	}
+	return e;
+}
+
+CUresult
+sop__event_record(CUevent ev, CUstream stream)
+{
+	struct sop__clock clock;
+	struct sop__stream *st;
+	struct event_entry *e;
+	CUcontext ctx;
+	unsigned shard;
+	uint64_t id;
+	CUresult r;
+
+	r = sop__stream_identify(stream, &id, &ctx);
+	if (r != CUDA_SUCCESS)
+		return r;
+	st = sop__stream_record(id, ctx);
+	if (!st)
+		return sop__drv.cuEventRecord(ev, stream); /* no host memory: no dependency */
+	pthread_mutex_lock(&st->lock);
+	clock = st->deps;
+	deps_add(&clock, st, sop__stream_mark(st));
+	pthread_mutex_unlock(&st->lock);
+	r = sop__drv.cuEventRecord(ev, stream);
+	e = event_find(ev, r == CUDA_SUCCESS, &shard);
+	if (e) {
+		if (r == CUDA_SUCCESS)
+			e->clock = clock;
+		else
+			e->clock.n = 0; /* the event's state is unknown: it carries nothing */
+	}
+	pthread_mutex_unlock(&events[shard].lock);
+	return r;
+}
+
+bool
+sop__event_clock(CUevent ev, struct sop__clock *out)
+{
+	struct event_entry *e;
+	unsigned shard;
+
+	e = event_find(ev, false, &shard);
+	if (e)
+		*out = e->clock;
+	pthread_mutex_unlock(&events[shard].lock);
+	return e != NULL;
+}
+
+void
+sop__event_forget(CUevent ev)
+{
+	unsigned h = event_hash(ev), shard = h % EVENT_SHARDS;
+	struct event_entry **pp, *e;
+
+	pthread_mutex_lock(&events[shard].lock);
+	for (pp = &events[shard].bucket[(h / EVENT_SHARDS) % EVENT_BUCKETS]; (e = *pp);
+	     pp = &e->next) {
+		if (e->ev == ev) {
+			*pp = e->next;
+			free(e);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&events[shard].lock);
+}
+
+CUresult
+sop__event_wait(CUstream stream, CUevent ev, unsigned int flags)
+{
+	struct sop__clock clock;
+	struct sop__stream *t;
+	CUcontext ctx;
+	uint64_t id;
+	unsigned i;
+	bool known;
+	CUresult r;
+
+	known = sop__event_clock(ev, &clock);
+	r = sop__drv.cuStreamWaitEvent(stream, ev, flags);
+	if (r != CUDA_SUCCESS || !known || !clock.n)
+		return r;
+	/* The wait is enqueued: the stream's later work is ordered after the event's clock. */
+	if (sop__stream_identify(stream, &id, &ctx) != CUDA_SUCCESS)
+		return r;
+	t = sop__stream_record(id, ctx);
+	if (!t)
+		return r;
+	pthread_mutex_lock(&t->lock);
+	for (i = 0; i < clock.n; i++)
+		if (clock.e[i].s != t)
+			deps_add(&t->deps, clock.e[i].s, clock.e[i].epoch);
+	pthread_mutex_unlock(&t->lock);
+	return r;
+}

@@ -1,0 +1,365 @@
+/* policies.c - cross-stream reuse: the three reuse policies, each on and off, every
+ * synchronization point, and the release threshold, with the driver's answers to its basic
+ * scenarios (shared/ANCHORS.md). A stream is kept busy by a host function that waits for the
+ * test (a gate); each scenario checks which block an allocation on another stream gets, and
+ * never one that work still running may touch. */
+#include <string.h>
+
+#include "helpers.h"
+
+#define MiB ((size_t)1 << 20)
+
+static CUstream s1, s2, s3;
+
+static void
+policies(sop_pool_t pool, int follow, int opportunistic, int internal)
+{
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, &follow));
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &opportunistic));
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+				&internal));
+}
+
+/* A fresh pool that keeps its memory, so that reuse is visible as the same address. */
+static sop_pool_t
+fresh(size_t max_size, int follow, int opportunistic, int internal)
+{
+	sop_pool_t pool = th_pool(0, max_size);
+	cuuint64_t keep = UINT64_MAX;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	policies(pool, follow, opportunistic, internal);
+	return pool;
+}
+
+static void
+done(sop_pool_t pool)
+{
+	TH_OK(sop_ctx_synchronize());
+	TH_CHECK(pool);
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
+	TH_OK(sop_pool_destroy(pool));
+}
+
+/* Wait until a stream has run dry, without telling sop (a raw query is no synchronization). */
+static void
+drain_quietly(CUstream s)
+{
+	while (th.cuStreamQuery(s) == CUDA_ERROR_NOT_READY)
+		;
+}
+
+/* A: busy s1 frees, s2 allocates the same size: a different block, all policies on. */
+static void
+scenario_a(void)
+{
+	sop_pool_t pool = fresh(0, 1, 1, 1);
+	struct th_gate g;
+	void *a, *b;
+
+	th_gate_init(&g);
+	th_gate_block(&g, s1);
+	TH_OK(sop_malloc_from_pool_async(&a, 4 * MiB, pool, s1));
+	TH_OK(sop_free_async(a, s1));
+	TH_OK(sop_malloc_from_pool_async(&b, 4 * MiB, pool, s2));
+	TH_ASSERT(b != a);
+	th_gate_open(&g);
+	TH_OK(sop_free_async(b, s2));
+	done(pool);
+}
+
+/* B: s1's work has finished but nobody synchronized: opportunistic reuse takes the block; with
+ * opportunistic off it does not, until s1 is synchronized. */
+static void
+scenario_b(int opportunistic)
+{
+	sop_pool_t pool = fresh(0, 1, opportunistic, 1);
+	void *a, *b, *c;
+
+	TH_OK(sop_malloc_from_pool_async(&a, 4 * MiB, pool, s1));
+	TH_OK(sop_free_async(a, s1));
+	drain_quietly(s1);
+	TH_OK(sop_malloc_from_pool_async(&b, 4 * MiB, pool, s2));
+	TH_EQ(b == a, opportunistic);
+	if (!opportunistic) {
+		TH_OK(sop_stream_synchronize(s1));
+		TH_OK(sop_malloc_from_pool_async(&c, 4 * MiB, pool, s2));
+		TH_ASSERT(c == a);
+		TH_OK(sop_free_async(c, s2));
+	}
+	TH_OK(sop_free_async(b, s2));
+	done(pool);
+}
+
+/* C: all policies off: a synchronization point still makes the free reusable by anyone. */
+static void
+scenario_c(int how)
+{
+	sop_pool_t pool = fresh(0, 0, 0, 0);
+	struct th_gate g;
+	CUevent ev;
+	void *a, *b;
+
+	th_gate_init(&g);
+	th_gate_block(&g, s1);
+	TH_OK(sop_malloc_from_pool_async(&a, 4 * MiB, pool, s1));
+	TH_OK(sop_free_async(a, s1));
+	TH_OK(th.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+	TH_OK(sop_event_record(ev, s1));
+	TH_OK(sop_malloc_from_pool_async(&b, 4 * MiB, pool, s2));
+	TH_ASSERT(b != a);
+	TH_OK(sop_free_async(b, s2));
+	th_gate_open(&g);
+	if (how == 0)
+		TH_OK(sop_stream_synchronize(s1));
+	else if (how == 1)
+		TH_OK(sop_event_synchronize(ev));
+	else
+		TH_OK(sop_ctx_synchronize());
+	TH_OK(sop_malloc_from_pool_async(&b, 4 * MiB, pool, s3));
+	TH_ASSERT(b == a);
+	TH_OK(sop_free_async(b, s3));
+	TH_OK(sop_event_destroy(ev));
+	done(pool);
+}
+
+/* D: busy s1 frees, records an event after the free; s2 waits on it: with follow-event
+ * dependencies s2 reuses the block at once, while s1 is still blocked; without, it does not.
+ * Dependencies compose: s3 waiting on an event s2 recorded after its wait reuses too. */
+static void
+scenario_d(int follow)
+{
+	sop_pool_t pool = fresh(0, follow, 1, 1);
+	struct th_gate g;
+	CUevent e1, e2;
+	void *a, *b, *c;
+
+	TH_OK(th.cuEventCreate(&e1, CU_EVENT_DISABLE_TIMING));
+	TH_OK(th.cuEventCreate(&e2, CU_EVENT_DISABLE_TIMING));
+	th_gate_init(&g);
+	th_gate_block(&g, s1);
+	TH_OK(sop_malloc_from_pool_async(&a, 4 * MiB, pool, s1));
+	TH_OK(sop_malloc_from_pool_async(&c, 4 * MiB, pool, s1));
+	TH_OK(sop_free_async(a, s1));
+	TH_OK(sop_free_async(c, s1));
+	TH_OK(sop_event_record(e1, s1));
+	TH_OK(sop_stream_wait_event(s2, e1, 0));
+	TH_OK(sop_malloc_from_pool_async(&b, 4 * MiB, pool, s2));
+	TH_EQ(b == a || b == c, follow);
+	/* Through s2 to s3. */
+	TH_OK(sop_event_record(e2, s2));
+	TH_OK(sop_stream_wait_event(s3, e2, 0));
+	{
+		void *d;
+		TH_OK(sop_malloc_from_pool_async(&d, 4 * MiB, pool, s3));
+		TH_EQ(d == a || d == c, follow);
+		TH_ASSERT(d != b);
+		/* s3 writes its block: it runs only after s1's gate opens (the waits order it). */
+		th_fill(d, 4 * MiB, 0x33333333, s3);
+		TH_OK(sop_free_async(d, s3));
+	}
+	/* An event recorded before the free carries nothing for it. */
+	{
+		void *x, *y;
+		CUstream s4 = th_stream();
+		TH_OK(sop_malloc_from_pool_async(&x, 6 * MiB, pool, s1));
+		TH_OK(sop_event_record(e1, s1));
+		TH_OK(sop_free_async(x, s1));
+		TH_OK(sop_stream_wait_event(s4, e1, 0));
+		TH_OK(sop_malloc_from_pool_async(&y, 6 * MiB, pool, s4));
+		TH_ASSERT(y != x);
+		TH_OK(sop_free_async(y, s4));
+		th_gate_open(&g);
+		TH_OK(sop_stream_synchronize(s4));
+		th_stream_destroy(s4);
+	}
+	TH_OK(sop_free_async(b, s2));
+	TH_OK(sop_event_destroy(e1));
+	TH_OK(sop_event_destroy(e2));
+	done(pool);
+}
+
+/* E: the same stream reuses at once, all policies off, stream busy. */
+static void
+scenario_e(void)
+{
+	sop_pool_t pool = fresh(0, 0, 0, 0);
+	struct th_gate g;
+	void *a, *b;
+
+	th_gate_init(&g);
+	th_gate_block(&g, s1);
+	TH_OK(sop_malloc_from_pool_async(&a, 4 * MiB, pool, s1));
+	TH_OK(sop_free_async(a, s1));
+	TH_OK(sop_malloc_from_pool_async(&b, 4 * MiB, pool, s1));
+	TH_ASSERT(b == a);
+	th_gate_open(&g);
+	TH_OK(sop_free_async(b, s1));
+	done(pool);
+}
+
+/* F: a pool capped at 64 MiB; busy s1 frees 64 MiB; s2 asks for 64 MiB. With internal
+ * dependencies: the same block, at once (the host does not block), and s2's later work waits
+ * for s1. Without: out of memory at once. */
+static atomic_int s2_ran;
+
+static void CUDA_CB
+mark_s2(void *arg)
+{
+	(void)arg;
+	atomic_store(&s2_ran, 1);
+}
+
+static void
+scenario_f(int internal)
+{
+	sop_pool_t pool = fresh(64 * MiB, 1, 1, internal);
+	struct th_gate g;
+	void *a, *b = (void *)0x1;
+
+	th_gate_init(&g);
+	th_gate_block(&g, s1);
+	TH_OK(sop_malloc_from_pool_async(&a, 64 * MiB, pool, s1));
+	TH_OK(sop_free_async(a, s1));
+	if (!internal) {
+		TH_EQ(sop_malloc_from_pool_async(&b, 64 * MiB, pool, s2), CUDA_ERROR_OUT_OF_MEMORY);
+		TH_ASSERT(b == (void *)0x1);
+		th_gate_open(&g);
+		done(pool);
+		return;
+	}
+	TH_OK(sop_malloc_from_pool_async(&b, 64 * MiB, pool, s2));
+	TH_ASSERT(b == a);
+	atomic_store(&s2_ran, 0);
+	TH_OK(th.cuLaunchHostFunc(s2, mark_s2, NULL));
+	/* s1 is still blocked, so s2 must be too. */
+	th_gate_wait_reached(&g);
+	for (int i = 0; i < 1000; i++)
+		sched_yield();
+	TH_EQ(atomic_load(&s2_ran), 0);
+	th_gate_open(&g);
+	TH_OK(sop_stream_synchronize(s2));
+	TH_EQ(atomic_load(&s2_ran), 1);
+	TH_OK(sop_free_async(b, s2));
+	done(pool);
+}
+
+/* G: the release threshold applies only at a synchronization point that covers the frees:
+ * not while idle, not at a query, not at an unrelated stream's synchronization. */
+static void
+scenario_g(int how)
+{
+	sop_pool_t pool = fresh(0, 1, 1, 1);
+	cuuint64_t thr = 16 * MiB;
+	struct th_gate g;
+	CUevent ev;
+	void *p[8];
+	int i;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr));
+	TH_OK(th.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+	th_gate_init(&g);
+	th_gate_block(&g, s1);
+	for (i = 0; i < 8; i++)
+		TH_OK(sop_malloc_from_pool_async(&p[i], 32 * MiB, pool, s1));
+	for (i = 0; i < 8; i++)
+		TH_OK(sop_free_async(p[i], s1));
+	TH_OK(sop_event_record(ev, s1));
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 256 * MiB);
+	th_gate_open(&g);
+	drain_quietly(s1);
+	TH_OK(sop_stream_synchronize(s2));
+	TH_EQ(th.cuEventQuery(ev), CUDA_SUCCESS);
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 256 * MiB);
+	if (how == 0)
+		TH_OK(sop_stream_synchronize(s1));
+	else if (how == 1)
+		TH_OK(sop_event_synchronize(ev));
+	else
+		TH_OK(sop_ctx_synchronize());
+	TH_ASSERT(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) <= 16 * MiB);
+	TH_OK(sop_event_destroy(ev));
+	done(pool);
+}
+
+/* K: a stream destroyed right after its last free (its work still pending). sop never touches
+ * it again; the memory is not reused before its work has finished, and is reusable after the
+ * next synchronization point that covers it. */
+static void
+scenario_k(void)
+{
+	sop_pool_t pool = fresh(0, 1, 1, 1);
+	CUstream s = th_stream();
+	struct th_gate g;
+	void *a, *b;
+
+	th_gate_init(&g);
+	th_gate_block(&g, s);
+	TH_OK(sop_malloc_from_pool_async(&a, 8 * MiB, pool, s));
+	th_fill(a, 8 * MiB, 0x77777777, s);
+	TH_OK(sop_free_async(a, s));
+	th_stream_destroy(s);
+	TH_OK(sop_malloc_from_pool_async(&b, 8 * MiB, pool, s2));
+	TH_ASSERT(b != a);
+	TH_OK(sop_free_async(b, s2));
+	th_gate_open(&g);
+	TH_OK(sop_ctx_synchronize());
+	TH_OK(sop_malloc_from_pool_async(&b, 8 * MiB, pool, s2));
+	TH_ASSERT(b == a);
+	TH_OK(sop_free_async(b, s2));
+	done(pool);
+}
+
+/* L: the legacy and per-thread default streams take part like any other. */
+static void
+scenario_l(void)
+{
+	sop_pool_t pool = fresh(0, 1, 1, 1);
+	CUevent ev;
+	void *a, *b;
+
+	TH_OK(th.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+	TH_OK(sop_malloc_from_pool_async(&a, MiB, pool, CU_STREAM_LEGACY));
+	TH_OK(sop_free_async(a, CU_STREAM_LEGACY));
+	TH_OK(sop_event_record(ev, NULL));
+	TH_OK(sop_stream_wait_event(CU_STREAM_PER_THREAD, ev, 0));
+	TH_OK(sop_malloc_from_pool_async(&b, MiB, pool, CU_STREAM_PER_THREAD));
+	TH_ASSERT(b == a);
+	TH_OK(sop_free_async(b, CU_STREAM_PER_THREAD));
+	TH_OK(sop_stream_synchronize(CU_STREAM_PER_THREAD));
+	TH_OK(sop_event_destroy(ev));
+	done(pool);
+}
+
+int
+main(void)
+{
+	th_init();
+	s1 = th_stream();
+	s2 = th_stream();
+	s3 = th_stream();
+	/* Let sop see all three streams before the scenarios. */
+	TH_OK(sop_stream_synchronize(s1));
+	TH_OK(sop_stream_synchronize(s2));
+	TH_OK(sop_stream_synchronize(s3));
+
+	scenario_a();
+	scenario_b(1);
+	scenario_b(0);
+	for (int how = 0; how < 3; how++)
+		scenario_c(how);
+	scenario_d(1);
+	scenario_d(0);
+	scenario_e();
+	scenario_f(1);
+	scenario_f(0);
+	for (int how = 0; how < 3; how++)
+		scenario_g(how);
+	scenario_k();
+	scenario_l();
+	th_stream_destroy(s1);
+	th_stream_destroy(s2);
+	th_stream_destroy(s3);
+	printf("policies: ok\n");
+	return 0;
+}
