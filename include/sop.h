@@ -137,6 +137,15 @@ CUresult sop_event_synchronize(CUevent event);
 CUresult sop_ctx_synchronize(void);
 CUresult sop_event_destroy(CUevent event);
 
+/* ---- Diagnostics ------------------------------------------------------------------------ */
+
+/* How many times sop has called each driver entry point since the process started (every pool,
+ * every thread), for benchmarks and diagnostics. On entry *n is the room in names and counts; the
+ * call fills up to that many (name as written in cuda.h, count) pairs and sets *n to the number
+ * of entry points sop uses. Works before and without a driver (all counts zero then).
+ * Returns CUDA_SUCCESS or CUDA_ERROR_INVALID_VALUE. */
+CUresult sop_driver_calls(const char **names, unsigned long long *counts, size_t *n);
+
 #ifdef __cplusplus
 }
 #endif

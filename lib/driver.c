@@ -16,6 +16,14 @@
 #include "internal.h"
 
 struct sop__driver sop__drv;
+atomic_ullong sop__calls[SOP_N_ENTRIES];
+
+/* The entry points' names, as written in source, for sop_driver_calls. */
+static const char *const entry_names[SOP_N_ENTRIES] = {
+#define SOP_X(name) #name,
+	SOP_DRIVER_ENTRIES(SOP_X)
+#undef SOP_X
+};
 
 static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
 static CUresult driver_status = CUDA_ERROR_NOT_INITIALIZED;
@@ -58,7 +66,7 @@ driver_load(void)
 		driver_status = CUDA_ERROR_NOT_SUPPORTED;
 		return;
 	}
-	r = sop__drv.cuInit(0);
+	r = SOP_DRV(cuInit)(0);
 	if (r != CUDA_SUCCESS) {
 		driver_status = r;
 		return;
@@ -78,4 +86,19 @@ void *
 sop__driver_handle(void)
 {
 	return sop__driver_init() == CUDA_SUCCESS ? driver_dl : NULL;
+}
+
+SOP_API CUresult
+sop_driver_calls(const char **names, unsigned long long *counts, size_t *n)
+{
+	size_t i;
+
+	if (!n || (*n && (!names || !counts)))
+		return CUDA_ERROR_INVALID_VALUE;
+	for (i = 0; i < *n && i < SOP_N_ENTRIES; i++) {
+		names[i] = entry_names[i];
+		counts[i] = atomic_load_explicit(&sop__calls[i], memory_order_relaxed);
+	}
+	*n = SOP_N_ENTRIES;
+	return CUDA_SUCCESS;
 }

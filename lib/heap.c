@@ -373,20 +373,20 @@ segment_map(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGenericAllo
 	for (i = 0; i < pool->n_access; i++)
 		desc[i + 1] = pool->access[i];
 
-	r = sop__drv.cuMemCreate(h, size, &prop, 0);
+	r = SOP_DRV(cuMemCreate)(h, size, &prop, 0);
 	if (r != CUDA_SUCCESS)
 		goto out;
-	r = sop__drv.cuMemMap(va, size, 0, *h, 0);
+	r = SOP_DRV(cuMemMap)(va, size, 0, *h, 0);
 	if (r != CUDA_SUCCESS)
 		goto release;
-	r = sop__drv.cuMemSetAccess(va, size, desc, pool->n_access + 1);
+	r = SOP_DRV(cuMemSetAccess)(va, size, desc, pool->n_access + 1);
 	if (r != CUDA_SUCCESS)
 		goto unmap;
 	goto out;
 unmap:
-	sop__drv.cuMemUnmap(va, size);
+	SOP_DRV(cuMemUnmap)(va, size);
 release:
-	sop__drv.cuMemRelease(*h);
+	SOP_DRV(cuMemRelease)(*h);
 out:
 	free(desc);
 	return r;
@@ -488,14 +488,14 @@ segment_release(struct sop_pool *pool, struct sop__segment *seg)
 	r = sop__pool_ctx_push(pool);
 	if (r != CUDA_SUCCESS)
 		return r;
-	r = sop__drv.cuMemUnmap(seg->va, seg->size);
+	r = SOP_DRV(cuMemUnmap)(seg->va, seg->size);
 	if (r != CUDA_SUCCESS) {
 		/* Still mapped: the segment stays in the heap, whole and usable. */
 		sop__pool_ctx_pop(pool);
 		return r;
 	}
 	/* Unmapped: the range leaves the pool whatever the release says. */
-	r = sop__drv.cuMemRelease(seg->handle);
+	r = SOP_DRV(cuMemRelease)(seg->handle);
 	sop__pool_ctx_pop(pool);
 	if (r != CUDA_SUCCESS) {
 		CUmemGenericAllocationHandle *o =
@@ -527,7 +527,7 @@ orphans_release(struct sop_pool *pool)
 	if (r != CUDA_SUCCESS)
 		return r;
 	while (pool->n_orphans) {
-		r = sop__drv.cuMemRelease(pool->orphans[pool->n_orphans - 1]);
+		r = SOP_DRV(cuMemRelease)(pool->orphans[pool->n_orphans - 1]);
 		if (r != CUDA_SUCCESS)
 			break;
 		pool->n_orphans--;

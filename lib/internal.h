@@ -115,6 +115,23 @@ struct sop__driver {
 #undef SOP_X
 };
 
+/* Every call sop makes goes through SOP_DRV(name)(args): the table's entry, counted. */
+enum sop__entry {
+#define SOP_X(name) SOP_N_##name,
+	SOP_DRIVER_ENTRIES(SOP_X)
+#undef SOP_X
+	SOP_N_ENTRIES
+};
+extern atomic_ullong sop__calls[SOP_N_ENTRIES];
+
+static inline void
+sop__count(enum sop__entry e)
+{
+	atomic_fetch_add_explicit(&sop__calls[e], 1, memory_order_relaxed);
+}
+
+#define SOP_DRV(name) (sop__count(SOP_N_##name), sop__drv.name)
+
 /* Load the driver and call cuInit once; later calls return the first call's result.
  * CUDA_ERROR_NOT_INITIALIZED when no driver library can be loaded. */
 CUresult sop__driver_init(void);

@@ -104,11 +104,11 @@ probe_record(struct sop__stream *st, CUstream handle)
 	CUresult r;
 
 	if (!p->ev) {
-		r = sop__drv.cuCtxPushCurrent(st->ctx);
+		r = SOP_DRV(cuCtxPushCurrent)(st->ctx);
 		if (r != CUDA_SUCCESS)
 			return r;
-		r = sop__drv.cuEventCreate(&p->ev, CU_EVENT_DISABLE_TIMING);
-		sop__drv.cuCtxPopCurrent(&popped);
+		r = SOP_DRV(cuEventCreate)(&p->ev, CU_EVENT_DISABLE_TIMING);
+		SOP_DRV(cuCtxPopCurrent)(&popped);
 		if (r != CUDA_SUCCESS) {
 			p->ev = NULL;
 			return r;
@@ -116,7 +116,7 @@ probe_record(struct sop__stream *st, CUstream handle)
 	}
 	/* The epoch first: frees tagged up to it were called before the record. */
 	p->epoch = sop__stream_mark(st);
-	r = sop__drv.cuEventRecord(p->ev, handle);
+	r = SOP_DRV(cuEventRecord)(p->ev, handle);
 	if (r != CUDA_SUCCESS) {
 		p->pending = false;
 		p->epoch = 0;
@@ -169,7 +169,7 @@ probes_poll_locked(struct sop__stream *st)
 		}
 		if (!p)
 			return;
-		if (sop__drv.cuEventQuery(p->ev) != CUDA_SUCCESS)
+		if (SOP_DRV(cuEventQuery)(p->ev) != CUDA_SUCCESS)
 			return;
 		p->pending = false;
 		sop__stream_completed(st, p->epoch);
@@ -277,7 +277,7 @@ sop__stream_wait_for(struct sop__stream *t, CUstream t_handle, struct sop__strea
 		covered = best->epoch;
 		/* Under s's lock: the probe cannot be re-recorded between reading its epoch and the
 		 * wait, which takes the event as it is now. */
-		r = sop__drv.cuStreamWaitEvent(t_handle, best->ev, 0);
+		r = SOP_DRV(cuStreamWaitEvent)(t_handle, best->ev, 0);
 	}
 	pthread_mutex_unlock(&s->lock);
 	if (r != CUDA_SUCCESS)
@@ -359,12 +359,12 @@ sop__event_record(CUevent ev, CUstream stream)
 		return r;
 	st = sop__stream_record(id, ctx);
 	if (!st)
-		return sop__drv.cuEventRecord(ev, stream); /* no host memory: no dependency */
+		return SOP_DRV(cuEventRecord)(ev, stream); /* no host memory: no dependency */
 	pthread_mutex_lock(&st->lock);
 	clock = st->deps;
 	deps_add(&clock, st, sop__stream_mark(st));
 	pthread_mutex_unlock(&st->lock);
-	r = sop__drv.cuEventRecord(ev, stream);
+	r = SOP_DRV(cuEventRecord)(ev, stream);
 	e = event_find(ev, r == CUDA_SUCCESS, &shard);
 	if (e) {
 		if (r == CUDA_SUCCESS)
@@ -419,7 +419,7 @@ sop__event_wait(CUstream stream, CUevent ev, unsigned int flags)
 	CUresult r;
 
 	known = sop__event_clock(ev, &clock);
-	r = sop__drv.cuStreamWaitEvent(stream, ev, flags);
+	r = SOP_DRV(cuStreamWaitEvent)(stream, ev, flags);
 	if (r != CUDA_SUCCESS || !known || !clock.n)
 		return r;
 	/* The wait is enqueued: the stream's later work is ordered after the event's clock. */

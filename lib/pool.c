@@ -13,7 +13,7 @@
 CUresult
 sop__pool_ctx_push(struct sop_pool *pool)
 {
-	return sop__drv.cuCtxPushCurrent(pool->ctx);
+	return SOP_DRV(cuCtxPushCurrent)(pool->ctx);
 }
 
 void
@@ -22,7 +22,7 @@ sop__pool_ctx_pop(struct sop_pool *pool)
 	CUcontext popped;
 
 	(void)pool;
-	sop__drv.cuCtxPopCurrent(&popped);
+	SOP_DRV(cuCtxPopCurrent)(&popped);
 }
 
 /* ---- Creation ----------------------------------------------------------------------------- */
@@ -65,7 +65,7 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **ou
 		goto fail_host;
 	}
 
-	r = sop__drv.cuDevicePrimaryCtxRetain(&pool->ctx, pool->device);
+	r = SOP_DRV(cuDevicePrimaryCtxRetain)(&pool->ctx, pool->device);
 	if (r != CUDA_SUCCESS)
 		goto fail_host;
 	r = sop__pool_ctx_push(pool);
@@ -74,15 +74,15 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **ou
 	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
 	prop.location = props->location;
 	prop.requestedHandleTypes = props->handleTypes;
-	r = sop__drv.cuMemGetAllocationGranularity(&pool->granularity, &prop,
+	r = SOP_DRV(cuMemGetAllocationGranularity)(&pool->granularity, &prop,
 						   CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 	if (r == CUDA_SUCCESS)
-		r = sop__drv.cuDeviceTotalMem(&total, pool->device);
+		r = SOP_DRV(cuDeviceTotalMem)(&total, pool->device);
 	if (r == CUDA_SUCCESS) {
 		if (props->maxSize)
 			pool->max_size = sop__round_up(props->maxSize, pool->granularity);
 		pool->va_size = pool_va_size(total, pool->max_size);
-		r = sop__drv.cuMemAddressReserve(&pool->va_base, pool->va_size,
+		r = SOP_DRV(cuMemAddressReserve)(&pool->va_base, pool->va_size,
 						 (size_t)1 << SOP_VA_GRANULE_LOG2, 0, 0);
 	}
 	sop__pool_ctx_pop(pool);
@@ -99,11 +99,11 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **ou
 
 fail_va:
 	if (sop__pool_ctx_push(pool) == CUDA_SUCCESS) {
-		sop__drv.cuMemAddressFree(pool->va_base, pool->va_size);
+		SOP_DRV(cuMemAddressFree)(pool->va_base, pool->va_size);
 		sop__pool_ctx_pop(pool);
 	}
 fail_ctx:
-	sop__drv.cuDevicePrimaryCtxRelease(pool->device);
+	SOP_DRV(cuDevicePrimaryCtxRelease)(pool->device);
 fail_host:
 	free(pool->map_top);
 	free(pool->va_free);
@@ -142,14 +142,14 @@ sop__pool_reap(struct sop_pool *pool)
 		r = sop__pool_ctx_push(pool);
 		if (r != CUDA_SUCCESS)
 			return false;
-		r = sop__drv.cuMemAddressFree(pool->va_base, pool->va_size);
+		r = SOP_DRV(cuMemAddressFree)(pool->va_base, pool->va_size);
 		sop__pool_ctx_pop(pool);
 		if (r != CUDA_SUCCESS)
 			return false;
 	}
 	sop__registry_remove(pool);
 	sop__heap_destroy(pool);
-	sop__drv.cuDevicePrimaryCtxRelease(pool->device);
+	SOP_DRV(cuDevicePrimaryCtxRelease)(pool->device);
 	sop__sstream_destroy_all(pool);
 	free(pool->access);
 	pool->access = NULL;
@@ -321,7 +321,7 @@ access_check(struct sop_pool *pool, const CUmemAccessDesc *d)
 								       : CUDA_ERROR_INVALID_DEVICE;
 	if (d->flags == CU_MEM_ACCESS_FLAGS_PROT_NONE)
 		return CUDA_SUCCESS;
-	r = sop__drv.cuDeviceCanAccessPeer(&can, d->location.id, pool->device);
+	r = SOP_DRV(cuDeviceCanAccessPeer)(&can, d->location.id, pool->device);
 	if (r != CUDA_SUCCESS)
 		return r;
 	return can ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
@@ -375,7 +375,7 @@ sop__pool_set_access(struct sop_pool *pool, const CUmemAccessDesc *map, size_t c
 	r = sop__pool_ctx_push(pool);
 	if (r == CUDA_SUCCESS) {
 		for (seg = pool->segments; seg; seg = seg->next) {
-			r = sop__drv.cuMemSetAccess(seg->va, seg->size, want, n);
+			r = SOP_DRV(cuMemSetAccess)(seg->va, seg->size, want, n);
 			if (r != CUDA_SUCCESS) {
 				failed = seg;
 				break;
@@ -383,7 +383,7 @@ sop__pool_set_access(struct sop_pool *pool, const CUmemAccessDesc *map, size_t c
 		}
 		/* All or nothing: put back what changed before a failure. */
 		for (seg = pool->segments; failed && seg != failed; seg = seg->next)
-			sop__drv.cuMemSetAccess(seg->va, seg->size, was, n);
+			SOP_DRV(cuMemSetAccess)(seg->va, seg->size, was, n);
 		sop__pool_ctx_pop(pool);
 	}
 	if (r == CUDA_SUCCESS) {
@@ -466,10 +466,10 @@ sop__sync_stream(CUstream stream)
 		return r;
 	mark.st = sop__stream_record(id, ctx);
 	if (!mark.st)
-		return sop__drv.cuStreamSynchronize(stream);
+		return SOP_DRV(cuStreamSynchronize)(stream);
 	/* Frees tagged up to this epoch were called before the synchronize. */
 	mark.epoch = sop__stream_mark(mark.st);
-	r = sop__drv.cuStreamSynchronize(stream);
+	r = SOP_DRV(cuStreamSynchronize)(stream);
 	if (r == CUDA_SUCCESS)
 		sync_complete(&mark, 1, false);
 	return r;
@@ -484,7 +484,7 @@ sop__sync_ctx(void)
 	size_t n, i;
 	CUresult r;
 
-	r = sop__drv.cuCtxGetCurrent(&ctx);
+	r = SOP_DRV(cuCtxGetCurrent)(&ctx);
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (!ctx)
@@ -497,7 +497,7 @@ sop__sync_ctx(void)
 	}
 	if (!marks)
 		n = 0; /* without host memory nothing becomes reusable: safe */
-	r = sop__drv.cuCtxSynchronize();
+	r = SOP_DRV(cuCtxSynchronize)();
 	if (r == CUDA_SUCCESS)
 		sync_complete(marks, n, true);
 	free(marks);
@@ -515,7 +515,7 @@ sop__sync_event(CUevent event)
 
 	if (!sop__event_clock(event, &clock))
 		clock.n = 0;
-	r = sop__drv.cuEventSynchronize(event);
+	r = SOP_DRV(cuEventSynchronize)(event);
 	if (r != CUDA_SUCCESS)
 		return r;
 	for (i = 0; i < clock.n; i++) {

@@ -42,7 +42,7 @@ init_run(void)
 	init_status = sop__driver_init();
 	if (init_status != CUDA_SUCCESS)
 		return;
-	init_status = sop__drv.cuDeviceGetCount(&n);
+	init_status = SOP_DRV(cuDeviceGetCount)(&n);
 	if (init_status == CUDA_SUCCESS && n <= 0)
 		init_status = CUDA_ERROR_NO_DEVICE;
 	if (init_status != CUDA_SUCCESS)

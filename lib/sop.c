@@ -52,7 +52,7 @@ props_check(const CUmemPoolProps *p)
 		return CUDA_ERROR_NOT_SUPPORTED;
 	if (p->usage)
 		return CUDA_ERROR_NOT_SUPPORTED;
-	r = sop__drv.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+	r = SOP_DRV(cuDeviceGetAttribute)(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
 					  p->location.id);
 	if (r != CUDA_SUCCESS)
 		return r;
@@ -220,7 +220,7 @@ stream_device(CUstream stream, CUdevice *device)
 	e = cache ? &cache[((uintptr_t)stream >> 4 ^ (uintptr_t)stream) % SOP_DEV_WAYS] : &scratch;
 
 	if (special) {
-		r = sop__drv.cuCtxGetCurrent(&cur);
+		r = SOP_DRV(cuCtxGetCurrent)(&cur);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (!cur)
@@ -230,14 +230,14 @@ stream_device(CUstream stream, CUdevice *device)
 		*device = e->device;
 		return CUDA_SUCCESS;
 	}
-	r = sop__drv.cuStreamGetCtx(stream, &ctx);
+	r = SOP_DRV(cuStreamGetCtx)(stream, &ctx);
 	if (r != CUDA_SUCCESS)
 		return r;
-	r = sop__drv.cuCtxPushCurrent(ctx);
+	r = SOP_DRV(cuCtxPushCurrent)(ctx);
 	if (r != CUDA_SUCCESS)
 		return r;
-	r = sop__drv.cuCtxGetDevice(device);
-	sop__drv.cuCtxPopCurrent(&popped);
+	r = SOP_DRV(cuCtxGetDevice)(device);
+	SOP_DRV(cuCtxPopCurrent)(&popped);
 	if (r != CUDA_SUCCESS)
 		return r;
 	*e = (struct sop__dev_entry){stream, cur, *device, true};
@@ -426,5 +426,5 @@ sop_event_destroy(CUevent event)
 	if (r != CUDA_SUCCESS)
 		return r;
 	sop__event_forget(event);
-	return sop__drv.cuEventDestroy(event);
+	return SOP_DRV(cuEventDestroy)(event);
 }

@@ -33,16 +33,16 @@ sop__stream_identify(CUstream stream, uint64_t *id, CUcontext *ctx)
 
 	if (stream_special(stream)) {
 		CUcontext cur = NULL;
-		r = sop__drv.cuCtxGetCurrent(&cur);
+		r = SOP_DRV(cuCtxGetCurrent)(&cur);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (!cur)
 			return CUDA_ERROR_INVALID_CONTEXT;
 	}
-	r = sop__drv.cuStreamGetCtx(stream, ctx);
+	r = SOP_DRV(cuStreamGetCtx)(stream, ctx);
 	if (r != CUDA_SUCCESS)
 		return r;
-	return sop__drv.cuStreamGetId(stream, (unsigned long long *)id);
+	return SOP_DRV(cuStreamGetId)(stream, (unsigned long long *)id);
 }
 
 /* ---- Stream states ---------------------------------------------------------------------- */
@@ -196,7 +196,7 @@ sop__sstream_get(struct sop_pool *pool, CUstream stream, struct sop__stream_ref 
 	e = &c->streams[tls_slot(pool, stream)];
 
 	if (stream_special(stream)) {
-		r = sop__drv.cuCtxGetCurrent(&cur);
+		r = SOP_DRV(cuCtxGetCurrent)(&cur);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (!cur)

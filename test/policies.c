@@ -299,6 +299,20 @@ scenario_k(void)
 	th_fill(a, 8 * MiB, 0x77777777, s);
 	TH_OK(sop_free_async(a, s));
 	th_stream_destroy(s);
+	{
+		/* Does the driver hand a destroyed stream's handle to a new stream while the old
+		 * one's work is pending? sop's per-thread caches assume it does not (differences.md). */
+		CUstream fresh_s[32];
+		int i, same = 0;
+		for (i = 0; i < 32; i++) {
+			fresh_s[i] = th_stream();
+			same += fresh_s[i] == s;
+		}
+		printf("policies: a destroyed stream's handle came back %d times while its work was "
+		       "pending\n", same);
+		for (i = 0; i < 32; i++)
+			th_stream_destroy(fresh_s[i]);
+	}
 	TH_OK(sop_malloc_from_pool_async(&b, 8 * MiB, pool, s2));
 	TH_ASSERT(b != a);
 	TH_OK(sop_free_async(b, s2));

@@ -1,0 +1,92 @@
+/* hotpath.c - the same-stream allocation and free make no driver call: counted with
+ * sop_driver_calls. Once several streams are in use, frees record a probe event now and then,
+ * never more than one per 64 frees in a steady same-stream loop. */
+#include <string.h>
+
+#include "helpers.h"
+
+#define PAIRS 20000
+
+static unsigned long long
+total_calls(unsigned long long *record)
+{
+	const char *names[64];
+	unsigned long long counts[64], sum = 0;
+	size_t n = 64, i;
+
+	TH_OK(sop_driver_calls(names, counts, &n));
+	TH_ASSERT(n > 0 && n <= 64);
+	*record = 0;
+	for (i = 0; i < n; i++) {
+		sum += counts[i];
+		if (!strcmp(names[i], "cuEventRecord"))
+			*record = counts[i];
+	}
+	return sum;
+}
+
+static void
+pairs(sop_pool_t pool, CUstream s)
+{
+	static const size_t sizes[] = {256, 4096, 1 << 20, 40 << 20};
+	int i;
+
+	for (i = 0; i < PAIRS; i++) {
+		void *p;
+		TH_OK(sop_malloc_from_pool_async(&p, sizes[i % 4], pool, s));
+		TH_OK(sop_free_async(p, s));
+	}
+}
+
+int
+main(void)
+{
+	unsigned long long before, after, rec0, rec1;
+	const char *names[1];
+	unsigned long long counts[1];
+	size_t n = 0;
+	sop_pool_t pool;
+	CUstream s, s2;
+	void *p;
+
+	th_init();
+	TH_OK(sop_driver_calls(NULL, NULL, &n));
+	TH_ASSERT(n > 10);
+	n = 1;
+	TH_EQ(sop_driver_calls(names, NULL, &n), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(sop_driver_calls(NULL, counts, NULL), CUDA_ERROR_INVALID_VALUE);
+
+	s = th_stream();
+	pool = th_pool(0, 0);
+	/* Warm: the pool has grown and the thread knows the stream. */
+	pairs(pool, s);
+	before = total_calls(&rec0);
+	pairs(pool, s);
+	after = total_calls(&rec1);
+	printf("hotpath: %d same-stream pairs, one stream in use: %llu driver calls\n", PAIRS,
+	       after - before);
+	TH_EQ(after - before, 0);
+
+	/* A second stream in use: probes, at most one per 64 frees. */
+	s2 = th_stream();
+	TH_OK(sop_malloc_from_pool_async(&p, 4096, pool, s2));
+	TH_OK(sop_free_async(p, s2));
+	pairs(pool, s);
+	before = total_calls(&rec0);
+	pairs(pool, s);
+	after = total_calls(&rec1);
+	printf("hotpath: %d same-stream pairs, two streams in use: %llu driver calls, %llu event "
+	       "records\n",
+	       PAIRS, after - before, rec1 - rec0);
+	TH_ASSERT(rec1 - rec0 <= PAIRS / 64 + 1);
+	TH_EQ(after - before, rec1 - rec0);
+
+	TH_OK(sop_stream_synchronize(s));
+	TH_OK(sop_stream_synchronize(s2));
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+	th_stream_destroy(s);
+	th_stream_destroy(s2);
+	printf("hotpath: ok\n");
+	return 0;
+}
