@@ -100,8 +100,16 @@ sop__pool_check(struct sop_pool *pool)
 	CHECK(reserved == atomic_load(&pool->reserved));
 	CHECK(reserved <= atomic_load(&pool->reserved_high));
 	CHECK(!pool->max_size || reserved <= pool->max_size);
-	CHECK(used == atomic_load(&pool->used));
-	CHECK(used <= atomic_load(&pool->used_high));
+	CHECK(used == sop__pool_used(pool, false));
+	{
+		/* The watermark, folded or still in the shards, is at least the current value. */
+		int64_t hw = 0;
+		for (ss = pool->streams; ss; ss = ss->next)
+			hw += atomic_load(&ss->used_hw);
+		for (ss = pool->spare_streams; ss; ss = ss->next)
+			hw += atomic_load(&ss->used_hw);
+		CHECK(used <= pool->used_high || (int64_t)used <= hw);
+	}
 	line = bins_check(&pool->heap, SOP_BLOCK_FREE, NULL);
 	if (line)
 		goto out;

@@ -189,6 +189,7 @@ struct sop__block {
 	struct sop__block *phys_prev, *phys_next;
 	struct sop__block *free_prev, *free_next;
 	struct sop__segment *seg;
+	struct sop__sstream *alloc_ss; /* ALLOC: whose used-memory counter holds req */
 	/* CACHED: the stream it is pending on. Written under that stream's lock, read by other
 	 * streams' coalescing under theirs: atomic, relaxed (they only compare it to themselves). */
 	_Atomic(struct sop__sstream *) owner;
@@ -273,6 +274,10 @@ struct sop__sstream {
 	CUcontext ctx;          /* the stream's context */
 	uint64_t id;            /* cuStreamGetId: unique for the process's lifetime; 0 once retired */
 	struct sop__stream *st; /* the stream's record (order.c) */
+	/* Used memory, sharded: bytes allocated on this stream and not yet freed (a free on
+	 * another stream subtracts here, where the block was counted), and the highest value since
+	 * the pool last folded the shards (pool.c). Atomic: only a cross-stream free shares them. */
+	_Atomic int64_t used, used_hw;
 	struct sop__bins cache;
 	struct sop__sstream *next; /* pool->streams or pool->spare_streams */
 };
@@ -437,29 +442,40 @@ struct sop_pool {
 	 * Cleared at synchronization points. */
 	atomic_bool pressure;
 	_Atomic uint64_t release_threshold;
-	_Atomic uint64_t used, used_high;
+	uint64_t used_high; /* pool lock; see sop__pool_used */
 	_Atomic uint64_t reserved, reserved_high;
 
 	struct sop_pool *next; /* registry list */
 };
 
-/* Account for an allocation or free of req bytes. */
+/* Used memory is counted per stream state (struct sop__sstream), never in one shared counter:
+ * the hot path of each stream touches only its own cache lines. */
 static inline void
-sop__used_add(struct sop_pool *pool, uint64_t req)
+sop__used_add(struct sop__sstream *ss, struct sop__block *b, size_t req)
 {
-	uint64_t now = atomic_fetch_add_explicit(&pool->used, req, memory_order_relaxed) + req;
-	uint64_t high = atomic_load_explicit(&pool->used_high, memory_order_relaxed);
-	while (now > high &&
-	       !atomic_compare_exchange_weak_explicit(&pool->used_high, &high, now,
-						      memory_order_relaxed, memory_order_relaxed))
+	int64_t now = atomic_fetch_add_explicit(&ss->used, (int64_t)req, memory_order_relaxed) +
+		      (int64_t)req;
+	int64_t hw = atomic_load_explicit(&ss->used_hw, memory_order_relaxed);
+
+	while (now > hw && !atomic_compare_exchange_weak_explicit(&ss->used_hw, &hw, now,
+								  memory_order_relaxed,
+								  memory_order_relaxed))
 		;
+	b->alloc_ss = ss;
+	b->req = req;
 }
 
 static inline void
-sop__used_sub(struct sop_pool *pool, uint64_t req)
+sop__used_sub(struct sop__block *b)
 {
-	atomic_fetch_sub_explicit(&pool->used, req, memory_order_relaxed);
+	atomic_fetch_sub_explicit(&b->alloc_ss->used, (int64_t)b->req, memory_order_relaxed);
+	b->req = 0;
 }
+
+/* The pool's used memory: the sum of its shards. With fold, also raise the watermark by the sum
+ * of the shards' highs since the last fold (exact when one stream allocated in between; never
+ * below the true peak) and start the shards' highs again. Pool lock held. */
+uint64_t sop__pool_used(struct sop_pool *pool, bool fold);
 
 CUresult sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **out);
 /* Mark destroyed and tear down if nothing is left in it. */

@@ -114,12 +114,37 @@ fail_host:
 
 /* ---- Teardown ----------------------------------------------------------------------------- */
 
+uint64_t
+sop__pool_used(struct sop_pool *pool, bool fold)
+{
+	struct sop__sstream *lists[2] = {pool->streams, pool->spare_streams}, *ss;
+	int64_t used = 0, high = 0;
+	int i;
+
+	for (i = 0; i < 2; i++) {
+		for (ss = lists[i]; ss; ss = ss->next) {
+			/* Under the stream's lock, so that its allocations do not move the high
+			 * between the read and the restart. */
+			sop__lock_take(&ss->lock);
+			int64_t u = atomic_load_explicit(&ss->used, memory_order_relaxed);
+			used += u;
+			high += atomic_load_explicit(&ss->used_hw, memory_order_relaxed);
+			if (fold)
+				atomic_store_explicit(&ss->used_hw, u, memory_order_relaxed);
+			sop__lock_drop(&ss->lock);
+		}
+	}
+	if (fold && (uint64_t)high > pool->used_high)
+		pool->used_high = (uint64_t)high;
+	return used > 0 ? (uint64_t)used : 0;
+}
+
 static bool
 pool_empty(struct sop_pool *pool)
 {
 	struct sop__sstream *ss;
 
-	if (atomic_load(&pool->used))
+	if (sop__pool_used(pool, false))
 		return false;
 	for (ss = pool->streams; ss; ss = ss->next)
 		if (sop__sstream_cached(ss))
@@ -221,10 +246,15 @@ sop__pool_get_attr(struct sop_pool *pool, CUmemPool_attribute attr, void *value)
 		v = atomic_load(&pool->reserved_high);
 		break;
 	case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
-		v = atomic_load(&pool->used);
+		pthread_mutex_lock(&pool->lock);
+		v = sop__pool_used(pool, false);
+		pthread_mutex_unlock(&pool->lock);
 		break;
 	case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-		v = atomic_load(&pool->used_high);
+		pthread_mutex_lock(&pool->lock);
+		sop__pool_used(pool, true);
+		v = pool->used_high;
+		pthread_mutex_unlock(&pool->lock);
 		break;
 	default:
 		return CUDA_ERROR_INVALID_VALUE;
@@ -263,7 +293,9 @@ sop__pool_set_attr(struct sop_pool *pool, CUmemPool_attribute attr, void *value)
 		memcpy(&v, value, sizeof v);
 		if (v)
 			return CUDA_ERROR_INVALID_VALUE;
-		atomic_store(&pool->used_high, atomic_load(&pool->used));
+		pthread_mutex_lock(&pool->lock);
+		pool->used_high = sop__pool_used(pool, true); /* and the shards start again */
+		pthread_mutex_unlock(&pool->lock);
 		return CUDA_SUCCESS;
 	default:
 		/* The *_CURRENT statistics are read-only; anything else is unknown. */

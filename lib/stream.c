@@ -315,12 +315,11 @@ sop__sstream_destroy_all(struct sop_pool *pool)
 /* ---- Allocation ------------------------------------------------------------------------- */
 
 static void
-block_hand_out(struct sop_pool *pool, struct sop__block *b, size_t req, void **ptr)
+block_hand_out(struct sop__sstream *ss, struct sop__block *b, size_t req, void **ptr)
 {
-	b->req = req;
 	sop__block_set_owner(b, NULL);
+	sop__used_add(ss, b, req);
 	atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_ALLOC), memory_order_release);
-	sop__used_add(pool, req);
 	*ptr = (void *)(uintptr_t)b->addr;
 }
 
@@ -562,7 +561,7 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 		b = take_with_wait(pool, ss, stream, size);
 	if (b) {
 		sop__block_carve(pool, b, size);
-		block_hand_out(pool, b, req, ptr);
+		block_hand_out(ss, b, req, ptr);
 		r = CUDA_SUCCESS;
 	} else if (r == CUDA_SUCCESS) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -603,7 +602,7 @@ sop__alloc(struct sop_pool *pool, CUstream stream, size_t req, void **ptr)
 				sop__bins_remove(&ss->cache, b);
 				/* Out of the cache and ALLOC under the lock: a coalescing thread
 				 * must never see a CACHED block that is in no bin. */
-				block_hand_out(pool, b, req, ptr);
+				block_hand_out(ss, b, req, ptr);
 				sop__lock_drop(&ss->lock);
 				return CUDA_SUCCESS;
 			}
@@ -649,8 +648,7 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 				sop__lock_drop(&ss->lock);
 				return CUDA_ERROR_INVALID_VALUE;
 			}
-			sop__used_sub(pool, b->req);
-			b->req = 0;
+			sop__used_sub(b);
 			sop__block_set_owner(b, ss);
 			/* Read after the application's earlier work on the stream was enqueued: a mark
 			 * that advances the epoch past this value comes after that work. */

@@ -1,0 +1,375 @@
+/* driver_side.c - the driver and the allocators under test.
+ *
+ * The harness loads the driver itself with dlopen, as sop does, so nothing links libcuda and
+ * the same binary runs on the simulated driver (test/sim/), where the driver's pools and
+ * kernels are missing: those sides and launches are then skipped and only sop runs. Each
+ * allocator sits behind struct side (bench.h): sop on its own pool, the driver's pool from
+ * cuMemPoolCreate, and the device's default pool through cuMemAllocAsync.
+ *
+ * sop's driver calls are counted by loading sop through libsopcount.so (bench/count.c): the
+ * harness points SOP_DRIVER_LIBRARY at it before sop's first call.
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "count.h"
+#include "kernels.ptx.h"
+
+#define BENCH_STR2(x) #x
+#define BENCH_STR(x) BENCH_STR2(x)
+
+struct bench_driver drv;
+struct bench_env env;
+
+const char *const side_names[N_SIDES] = {"sop", "driver", "driver-default", "no-alloc"};
+
+static void *driver_dl;
+static CUmodule module;
+static __typeof__(sop_count_entries) *count_entries;
+static __typeof__(sop_count_name) *count_name;
+static __typeof__(sop_count_read) *count_read;
+
+void
+check_fail(CUresult r, const char *expr, const char *file, int line)
+{
+	const char *name = NULL;
+
+	if (drv.cuGetErrorName)
+		drv.cuGetErrorName(r, &name);
+	fprintf(stderr, "sop-bench: %s:%d: %s failed: %s (%d)\n", file, line, expr,
+		name ? name : "?", (int)r);
+	exit(1);
+}
+
+/* The counting shim lives next to the sop-bench executable. */
+static bool
+shim_path(char *buf, size_t len)
+{
+	ssize_t n = readlink("/proc/self/exe", buf, len - 1);
+	char *slash;
+
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	slash = strrchr(buf, '/');
+	if (!slash || (size_t)(slash - buf) + sizeof "/libsopcount.so" > len)
+		return false;
+	strcpy(slash, "/libsopcount.so");
+	return access(buf, R_OK) == 0;
+}
+
+int
+env_init(bool count)
+{
+	const char *target = getenv("SOP_DRIVER_LIBRARY");
+	char shim[4096];
+	sop_pool_t probe;
+	cuuint64_t keep = UINT64_MAX;
+	int attr = 0;
+	CUresult r;
+	void *sym;
+
+	if (!target || !*target)
+		target = "libcuda.so.1";
+	driver_dl = dlopen(target, RTLD_NOW | RTLD_LOCAL);
+	if (!driver_dl) {
+		fprintf(stderr, "sop-bench: no CUDA driver (%s): nothing to measure, skipped\n",
+			target);
+		return 77;
+	}
+#define BENCH_X(name)                                                                              \
+	sym = dlsym(driver_dl, BENCH_STR(name));                                                   \
+	memcpy(&drv.name, &sym, sizeof sym);
+	BENCH_DRIVER_ENTRIES(BENCH_X)
+#undef BENCH_X
+	env.simulated = dlsym(driver_dl, "sim_live_get") != NULL;
+	if (!drv.cuInit || !drv.cuDeviceGet || !drv.cuDevicePrimaryCtxRetain ||
+	    !drv.cuCtxSetCurrent || !drv.cuStreamCreate || !drv.cuStreamDestroy ||
+	    !drv.cuStreamSynchronize || !drv.cuCtxSynchronize || !drv.cuEventCreate ||
+	    !drv.cuEventDestroy || !drv.cuEventRecord || !drv.cuStreamWaitEvent ||
+	    !drv.cuDeviceTotalMem || !drv.cuMemGetInfo) {
+		fprintf(stderr, "sop-bench: %s lacks entry points the harness needs\n", target);
+		return 1;
+	}
+	r = drv.cuInit(0);
+	if (r == CUDA_ERROR_NO_DEVICE || r == CUDA_ERROR_NOT_INITIALIZED) {
+		fprintf(stderr, "sop-bench: no CUDA device: nothing to measure, skipped\n");
+		return 77;
+	}
+	CHECK(r);
+
+	/* sop loads its driver at its first call: put the shim in front of it now. */
+	if (count && shim_path(shim, sizeof shim)) {
+		setenv("SOP_COUNT_TARGET", target, 1);
+		setenv("SOP_DRIVER_LIBRARY", shim, 1);
+		env.counting = true;
+	} else if (count) {
+		fprintf(stderr, "sop-bench: libsopcount.so is not next to sop-bench: sop's driver "
+				"calls are not counted\n");
+	}
+	r = sop_device_get_default_pool(&probe, 0);
+	if (r != CUDA_SUCCESS) {
+		fprintf(stderr, "sop-bench: sop cannot start (error %d)%s\n", (int)r,
+			env.counting ? "; try --no-count" : "");
+		return 1;
+	}
+	if (env.counting) {
+		void *dl = dlopen(shim, RTLD_NOW | RTLD_NOLOAD);
+
+		sym = dl ? dlsym(dl, "sop_count_entries") : NULL;
+		memcpy(&count_entries, &sym, sizeof sym);
+		sym = dl ? dlsym(dl, "sop_count_name") : NULL;
+		memcpy(&count_name, &sym, sizeof sym);
+		sym = dl ? dlsym(dl, "sop_count_read") : NULL;
+		memcpy(&count_read, &sym, sizeof sym);
+		env.counting = count_entries && count_name && count_read &&
+			       count_entries() <= BENCH_COUNT_MAX;
+		if (dl)
+			dlclose(dl); /* drops only the reference NOLOAD took; sop holds its own */
+	}
+
+	CHECK(drv.cuDeviceGet(&env.dev, 0));
+	CHECK(drv.cuDevicePrimaryCtxRetain(&env.ctx, env.dev));
+	CHECK(drv.cuCtxSetCurrent(env.ctx));
+	if (drv.cuDeviceGetName)
+		CHECK(drv.cuDeviceGetName(env.device, sizeof env.device, env.dev));
+	if (drv.cuDriverGetVersion)
+		CHECK(drv.cuDriverGetVersion(&env.driver_version));
+	CHECK(drv.cuDeviceTotalMem(&env.total_mem, env.dev));
+	CHECK(drv.cuMemGetInfo(&env.free_mem, &env.total_mem));
+
+	if (drv.cuDeviceGetAttribute &&
+	    drv.cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, env.dev) !=
+		    CUDA_SUCCESS)
+		attr = 0;
+	env.pools = attr && drv.cuMemPoolCreate && drv.cuMemPoolDestroy &&
+		    drv.cuMemPoolSetAttribute && drv.cuMemPoolGetAttribute && drv.cuMemPoolTrimTo &&
+		    drv.cuDeviceGetDefaultMemPool && drv.cuMemAllocFromPoolAsync &&
+		    drv.cuMemAllocAsync && drv.cuMemFreeAsync;
+	if (env.pools) {
+		/* Both sides cache: the default pool keeps what it reserved, as sop's pools and
+		 * the pools created here do. */
+		CHECK(drv.cuDeviceGetDefaultMemPool(&env.default_pool, env.dev));
+		CHECK(drv.cuMemPoolSetAttribute(env.default_pool,
+						CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	}
+	env.kernels = drv.cuModuleLoadData && drv.cuModuleGetFunction && drv.cuLaunchKernel &&
+		      drv.cuModuleLoadData(&module, bench_kernels_ptx) == CUDA_SUCCESS;
+	if (env.kernels) {
+		CHECK(drv.cuModuleGetFunction(&env.k_spin, module, "bench_spin"));
+		CHECK(drv.cuModuleGetFunction(&env.k_fill, module, "bench_fill"));
+	}
+	return 0;
+}
+
+void
+env_fini(void)
+{
+	CHECK(sop_ctx_synchronize());
+	if (env.kernels && drv.cuModuleUnload)
+		CHECK(drv.cuModuleUnload(module));
+	if (env.pools)
+		CHECK(drv.cuMemPoolTrimTo(env.default_pool, 0));
+}
+
+bool
+side_open(struct side *sd, enum side_kind kind, uint64_t threshold)
+{
+	CUmemPoolProps props;
+	cuuint64_t v = threshold;
+
+	memset(sd, 0, sizeof *sd);
+	sd->kind = kind;
+	memset(&props, 0, sizeof props);
+	props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+	props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	props.location.id = env.dev;
+	switch (kind) {
+	case SIDE_SOP:
+		CHECK(sop_pool_create(&sd->sop, &props));
+		CHECK(sop_pool_set_attr(sd->sop, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v));
+		return true;
+	case SIDE_POOL:
+		if (!env.pools)
+			return false;
+		CHECK(drv.cuMemPoolCreate(&sd->pool, &props));
+		CHECK(drv.cuMemPoolSetAttribute(sd->pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v));
+		return true;
+	case SIDE_DEFAULT:
+		if (!env.pools)
+			return false;
+		sd->pool = env.default_pool;
+		CHECK(drv.cuMemPoolSetAttribute(sd->pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v));
+		CHECK(drv.cuMemPoolTrimTo(sd->pool, 0));
+		side_set_attr(sd, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0);
+		side_set_attr(sd, CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0);
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* The caller has freed everything and synchronized. */
+void
+side_close(struct side *sd)
+{
+	switch (sd->kind) {
+	case SIDE_SOP:
+		CHECK(sop_pool_destroy(sd->sop));
+		break;
+	case SIDE_POOL:
+		CHECK(drv.cuMemPoolDestroy(sd->pool));
+		break;
+	case SIDE_DEFAULT:
+		CHECK(drv.cuMemPoolTrimTo(sd->pool, 0));
+		break;
+	default:
+		break;
+	}
+	memset(sd, 0, sizeof *sd);
+}
+
+int
+sides_open(struct side *out, unsigned want, uint64_t threshold)
+{
+	int n = 0, k;
+
+	for (k = 0; k < N_SIDES; k++) {
+		if (!(want & opts.sides & SIDE_BIT(k)) || k == SIDE_IDEAL)
+			continue;
+		if (side_open(&out[n], (enum side_kind)k, threshold))
+			n++;
+	}
+	return n;
+}
+
+void
+sides_close(struct side *sd, int n)
+{
+	int i;
+
+	CHECK(sop_ctx_synchronize());
+	CHECK(drv.cuCtxSynchronize());
+	for (i = 0; i < n; i++)
+		side_close(&sd[i]);
+}
+
+CUresult
+side_sync(const struct side *sd, CUstream s)
+{
+	return sd->kind == SIDE_SOP ? sop_stream_synchronize(s) : drv.cuStreamSynchronize(s);
+}
+
+CUresult
+side_ctx_sync(const struct side *sd)
+{
+	return sd->kind == SIDE_SOP ? sop_ctx_synchronize() : drv.cuCtxSynchronize();
+}
+
+CUresult
+side_record(const struct side *sd, CUevent ev, CUstream s)
+{
+	return sd->kind == SIDE_SOP ? sop_event_record(ev, s) : drv.cuEventRecord(ev, s);
+}
+
+CUresult
+side_wait(const struct side *sd, CUstream s, CUevent ev)
+{
+	return sd->kind == SIDE_SOP ? sop_stream_wait_event(s, ev, 0)
+				    : drv.cuStreamWaitEvent(s, ev, 0);
+}
+
+CUresult
+side_event_destroy(const struct side *sd, CUevent ev)
+{
+	return sd->kind == SIDE_SOP ? sop_event_destroy(ev) : drv.cuEventDestroy(ev);
+}
+
+uint64_t
+side_attr(const struct side *sd, CUmemPool_attribute attr)
+{
+	cuuint64_t v = 0;
+
+	if (sd->kind == SIDE_SOP)
+		CHECK(sop_pool_get_attr(sd->sop, attr, &v));
+	else if (sd->kind == SIDE_POOL || sd->kind == SIDE_DEFAULT)
+		CHECK(drv.cuMemPoolGetAttribute(sd->pool, attr, &v));
+	return v;
+}
+
+void
+side_set_attr(const struct side *sd, CUmemPool_attribute attr, uint64_t v)
+{
+	cuuint64_t x = v;
+
+	if (sd->kind == SIDE_SOP)
+		CHECK(sop_pool_set_attr(sd->sop, attr, &x));
+	else if (sd->kind == SIDE_POOL || sd->kind == SIDE_DEFAULT)
+		CHECK(drv.cuMemPoolSetAttribute(sd->pool, attr, &x));
+}
+
+CUstream
+stream_new(void)
+{
+	CUstream s;
+
+	CHECK(drv.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	return s;
+}
+
+void
+stream_free(CUstream s)
+{
+	CHECK(drv.cuStreamDestroy(s));
+}
+
+void
+launch_spin(void *out, long long cycles, CUstream s)
+{
+	void *args[] = {&out, &cycles};
+
+	CHECK(drv.cuLaunchKernel(env.k_spin, 1, 1, 1, 1, 1, 1, 0, s, args, NULL));
+}
+
+void
+launch_fill(void *p, size_t bytes, unsigned v, CUstream s)
+{
+	unsigned long long n = bytes / 4;
+	unsigned blocks = (unsigned)((n + 255) / 256);
+	void *args[] = {&p, &n, &v};
+
+	if (!n)
+		return;
+	if (blocks > 1024)
+		blocks = 1024; /* grid-stride: enough to fill an H100 */
+	CHECK(drv.cuLaunchKernel(env.k_fill, blocks, 1, 1, 256, 1, 1, 0, s, args, NULL));
+}
+
+void
+calls_read(struct calls *c)
+{
+	unsigned i, n;
+
+	memset(c, 0, sizeof *c);
+	if (!env.counting)
+		return;
+	n = count_entries();
+	for (i = 0; i < n; i++)
+		c->n[i] = count_read(i);
+}
+
+unsigned
+calls_entries(void)
+{
+	return env.counting ? count_entries() : 0;
+}
+
+const char *
+calls_name(unsigned i)
+{
+	return env.counting ? count_name(i) : "";
+}
