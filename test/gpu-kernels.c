@@ -37,6 +37,72 @@ check(void *p, size_t words, uint32_t v, unsigned *bad, CUstream s)
 	launch(k_check, s, args);
 }
 
+/* The reuse scenarios with a kernel that really runs, instead of a blocked host function:
+ * s1 spins about 50 ms and then fills its block; another stream's allocation must not get the
+ * block while that kernel may run (A), gets it through an event dependency or an inserted one
+ * and then runs after it (D, F). The check kernels prove the order: each block still holds the
+ * tag of the kernel that was meant to write it last. */
+static void
+spin_scenarios(unsigned *bad)
+{
+	const size_t words = (4 << 20) / 4;
+	const long long spin = 100000000; /* ~50 ms at 2 GHz */
+	CUstream s1 = th_stream(), s2 = th_stream();
+	sop_pool_t pool = th_pool(0, 0), capped = th_pool(0, 4 << 20);
+	cuuint64_t keep = UINT64_MAX;
+	CUevent ev;
+	void *a, *b;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	TH_OK(sop_pool_set_attr(capped, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	TH_OK(th.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+
+	/* A: s1 busy in a kernel that will write a; s2 must get another block. */
+	TH_OK(sop_malloc_from_pool_async(&a, words * 4, pool, s1));
+	spin_fill(a, words, 0xA1A1A1A1u, spin, s1);
+	check(a, words, 0xA1A1A1A1u, bad + 0, s1);
+	TH_OK(sop_free_async(a, s1));
+	TH_OK(sop_malloc_from_pool_async(&b, words * 4, pool, s2));
+	TH_ASSERT(b != a);
+	spin_fill(b, words, 0xB1B1B1B1u, 0, s2);
+	check(b, words, 0xB1B1B1B1u, bad + 0, s2);
+	TH_OK(sop_free_async(b, s2));
+	TH_OK(sop_ctx_synchronize());
+
+	/* D: the same, but s2 waits on an event recorded after the free: it gets a, and its fill
+	 * runs after s1's kernel and check. */
+	TH_OK(sop_malloc_from_pool_async(&a, words * 4, pool, s1));
+	spin_fill(a, words, 0xA2A2A2A2u, spin, s1);
+	check(a, words, 0xA2A2A2A2u, bad + 1, s1);
+	TH_OK(sop_free_async(a, s1));
+	TH_OK(sop_event_record(ev, s1));
+	TH_OK(sop_stream_wait_event(s2, ev, 0));
+	TH_OK(sop_malloc_from_pool_async(&b, words * 4, pool, s2));
+	TH_ASSERT(b == a);
+	spin_fill(b, words, 0xB2B2B2B2u, 0, s2);
+	check(b, words, 0xB2B2B2B2u, bad + 1, s2);
+	TH_OK(sop_free_async(b, s2));
+	TH_OK(sop_ctx_synchronize());
+
+	/* F: a 4 MiB pool, full, s1 busy; s2 gets a through a wait sop inserts. */
+	TH_OK(sop_malloc_from_pool_async(&a, words * 4, capped, s1));
+	spin_fill(a, words, 0xA3A3A3A3u, spin, s1);
+	check(a, words, 0xA3A3A3A3u, bad + 2, s1);
+	TH_OK(sop_free_async(a, s1));
+	TH_OK(sop_malloc_from_pool_async(&b, words * 4, capped, s2));
+	TH_ASSERT(b == a);
+	spin_fill(b, words, 0xB3B3B3B3u, 0, s2);
+	check(b, words, 0xB3B3B3B3u, bad + 2, s2);
+	TH_OK(sop_free_async(b, s2));
+	TH_OK(sop_ctx_synchronize());
+
+	TH_OK(sop_event_destroy(ev));
+	TH_OK(sop_pool_destroy(pool));
+	TH_OK(sop_pool_destroy(capped));
+	th_stream_destroy(s1);
+	th_stream_destroy(s2);
+}
+
 int
 main(void)
 {
@@ -66,6 +132,7 @@ main(void)
 	TH_OK(sop_malloc_from_pool_async((void **)&bad, sizeof host_bad, counters, s[0]));
 	TH_OK(th.cuMemsetD32Async((CUdeviceptr)(uintptr_t)bad, 0, STREAMS, s[0]));
 	TH_OK(sop_stream_synchronize(s[0]));
+	spin_scenarios(bad);
 
 	for (r = 0; r < ROUNDS; r++) {
 		void *prev[STREAMS];
