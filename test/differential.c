@@ -24,11 +24,11 @@
 #define MiB ((size_t)1 << 20)
 #define KEEP UINT64_MAX /* release threshold: never release at a synchronization */
 
-#define MAX_STEPS 64	    /* steps in one run of one scenario */
-#define STEP_LABEL 64	    /* bytes of a step's label */
-#define MAX_GATES 64	    /* gates in the whole program; each is used once */
-#define GATE_TIMEOUT_S 30   /* a gate still closed after this long is opened by its watchdog */
-#define DRAIN_TIMEOUT_S 30  /* a raw query loop gives up after this long */
+#define MAX_STEPS 64       /* steps in one run of one scenario */
+#define STEP_LABEL 64      /* bytes of a step's label */
+#define MAX_GATES 64       /* gates in the whole program; each is used once */
+#define GATE_TIMEOUT_S 30  /* a gate still closed after this long is opened by its watchdog */
+#define DRAIN_TIMEOUT_S 30 /* a raw query loop gives up after this long */
 
 /* ---- The driver's pool entry points (not in sop's table) -------------------------------- */
 
@@ -457,7 +457,7 @@ pool_close(struct side *x, CUevent ev)
 {
 	CUresult r;
 
-	call_step(x, "context sync", x_ctx_sync(x));
+	call_step(x, "context sync (end of the scenario)", x_ctx_sync(x));
 	if (ev)
 		call_step(x, "destroy the event", x_event_destroy(x, ev));
 	r = x->is_sop ? sop_pool_destroy(x->sp) : dpool.cuMemPoolDestroy(x->dp);
