@@ -566,6 +566,31 @@ sop__heap_release(struct sop_pool *pool, size_t target, size_t floor)
 
 /* Free the host side of a pool whose memory has gone back to the driver. */
 void
+sop__heap_recycle(struct sop_pool *pool, size_t need)
+{
+	struct sop__segment *seg;
+	size_t idle = 0, freed = 0;
+
+	for (seg = pool->segments; seg; seg = seg->next)
+		if (segment_idle(seg))
+			idle += seg->size;
+	if (idle < need)
+		return;
+	while (freed < need) {
+		struct sop__segment *best = NULL;
+		for (seg = pool->segments; seg; seg = seg->next)
+			if (segment_idle(seg) && (!best || seg->size > best->size))
+				best = seg;
+		if (!best)
+			return;
+		size_t size = best->size; /* segment_release frees it */
+		if (segment_release(pool, best) != CUDA_SUCCESS)
+			return;
+		freed += size;
+	}
+}
+
+void
 sop__heap_destroy(struct sop_pool *pool)
 {
 	size_t i;

@@ -260,6 +260,11 @@ CUresult sop__heap_grow(struct sop_pool *pool, size_t size);
 /* Release segments that are wholly free, largest first, while reserved > target and the
  * release keeps reserved >= floor. Pool lock held. Stops at the first driver error and returns it. */
 CUresult sop__heap_release(struct sop_pool *pool, size_t target, size_t floor);
+/* Before growing by need bytes: if wholly free segments add up to that much, release them
+ * (largest first) until as much is released, so that the new segment replaces memory that could
+ * not serve the request instead of adding to it (the driver's "defragment by remapping").
+ * Pool lock held; a driver failure just leaves the rest in place. */
+void sop__heap_recycle(struct sop_pool *pool, size_t need);
 /* Free the host side of a pool whose segments have all been released. */
 void sop__heap_destroy(struct sop_pool *pool);
 

@@ -543,8 +543,10 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 		flush_observed(pool, ss);
 	if (!b)
 		b = bins_take(&pool->heap, size);
-	/* 6. More physical memory. */
+	/* 6. More physical memory, in place of idle segments too small or too scattered to serve
+	 * the request. */
 	if (!b) {
+		sop__heap_recycle(pool, sop__round_up(size, pool->granularity));
 		r = sop__heap_grow(pool, size);
 		if (r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reserved)) {
 			/* 7. Idle segments given back to make room for one that fits. */
