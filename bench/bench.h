@@ -23,7 +23,7 @@
 #define BENCH_MAX_REPS 64
 #define BENCH_MAX_LIST 16
 #define BENCH_MAX_TRACES 32
-#define BENCH_COUNT_MAX 64 /* entry points the counting shim may report */
+#define BENCH_COUNT_MAX 64 /* driver entry points sop_driver_calls may report */
 
 /* ---- driver_side.c: the driver, the machine, the allocators under test -------------------- */
 
@@ -48,6 +48,7 @@
 	X(cuEventCreate)                                                                           \
 	X(cuEventDestroy)                                                                          \
 	X(cuEventRecord)                                                                           \
+	X(cuEventSynchronize)                                                                      \
 	X(cuModuleLoadData)                                                                        \
 	X(cuModuleGetFunction)                                                                     \
 	X(cuModuleUnload)                                                                          \
@@ -74,7 +75,7 @@ struct bench_env {
 	bool simulated; /* the simulated driver: sop only, and no timing means anything */
 	bool pools;     /* the driver's stream-ordered pools are there */
 	bool kernels;   /* kernels can be launched */
-	bool counting;  /* sop's driver calls are counted through libsopcount */
+	bool counting;  /* sop_driver_calls answers: sop's driver calls are counted */
 	CUdevice dev;
 	CUcontext ctx;
 	char device[128];
@@ -104,7 +105,7 @@ struct side {
 };
 
 /* Set the driver up; returns 0, or the exit status to leave with (77: no driver, a skip). */
-int env_init(bool count);
+int env_init(void);
 void env_fini(void);
 /* Exit with a message when a driver or sop call fails. */
 void check_fail(CUresult r, const char *expr, const char *file, int line);
@@ -117,11 +118,13 @@ void check_fail(CUresult r, const char *expr, const char *file, int line);
 
 /* Open the sides of `want` (SIDE_BIT mask) that the command line and the machine allow, in
  * side order, each on a fresh pool (SIDE_DEFAULT: the default pool) with that release
- * threshold; returns how many. */
-int sides_open(struct side *out, unsigned want, uint64_t threshold);
+ * threshold and maxSize (0: none; not applied to the default pool); returns how many. */
+int sides_open(struct side *out, unsigned want, uint64_t threshold, size_t max_size);
 /* Synchronize the context and destroy (SIDE_DEFAULT: trim) each pool. */
 void sides_close(struct side *sd, int n);
-bool side_open(struct side *sd, enum side_kind kind, uint64_t threshold);
+/* Whether the command line and the machine allow this side. */
+bool side_allowed(enum side_kind kind);
+bool side_open(struct side *sd, enum side_kind kind, uint64_t threshold, size_t max_size);
 void side_close(struct side *sd);
 
 static inline CUresult
@@ -159,7 +162,10 @@ CUresult side_sync(const struct side *sd, CUstream s);
 CUresult side_ctx_sync(const struct side *sd);
 CUresult side_record(const struct side *sd, CUevent ev, CUstream s);
 CUresult side_wait(const struct side *sd, CUstream s, CUevent ev);
+CUresult side_event_sync(const struct side *sd, CUevent ev);
 CUresult side_event_destroy(const struct side *sd, CUevent ev);
+/* Release what the pool holds beyond keep bytes (sop_trim_to, cuMemPoolTrimTo). */
+void side_trim(const struct side *sd, size_t keep);
 /* A pool attribute as a 64-bit value; set_attr writes one. */
 uint64_t side_attr(const struct side *sd, CUmemPool_attribute attr);
 void side_set_attr(const struct side *sd, CUmemPool_attribute attr, uint64_t v);
@@ -172,7 +178,7 @@ void launch_fill(void *p, size_t bytes, unsigned v, CUstream s);
 
 /* Counts of sop's driver calls, by entry point (all zero when not counting). */
 struct calls {
-	unsigned long n[BENCH_COUNT_MAX];
+	unsigned long long n[BENCH_COUNT_MAX];
 };
 void calls_read(struct calls *c);
 unsigned calls_entries(void);
@@ -204,12 +210,14 @@ double now_ns(void);
 /* An iteration count for the level, times --scale, at least 1. */
 long scaled(long full, long quick, long smoke);
 /* The list given on the command line, else the default for the level. */
-struct list list_pick(const struct list *given, const size_t *full, int n_full,
-		      const size_t *quick, int n_quick, const size_t *smoke, int n_smoke);
+struct list list_pick(const struct list *given, const size_t *full, int n_full, const size_t *quick,
+		      int n_quick, const size_t *smoke, int n_smoke);
 /* False once the run has spent its time budget: workloads stop starting new cases. */
 bool budget_left(const char *what);
 /* "256 B", "4 KiB", "64 MiB" */
 const char *fmt_size(char *buf, size_t len, size_t n);
+/* What the running workload did, for its section of the report (printf-like). */
+void describe(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* A line for the notes of the report (and stderr). */
 void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

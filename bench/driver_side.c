@@ -4,19 +4,15 @@
  * the same binary runs on the simulated driver (test/sim/), where the driver's pools and
  * kernels are missing: those sides and launches are then skipped and only sop runs. Each
  * allocator sits behind struct side (bench.h): sop on its own pool, the driver's pool from
- * cuMemPoolCreate, and the device's default pool through cuMemAllocAsync.
- *
- * sop's driver calls are counted by loading sop through libsopcount.so (bench/count.c): the
- * harness points SOP_DRIVER_LIBRARY at it before sop's first call.
+ * cuMemPoolCreate, and the device's default pool through cuMemAllocAsync. sop's own driver
+ * calls are read from sop_driver_calls.
  */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "bench.h"
-#include "count.h"
 #include "kernels.ptx.h"
 
 #define BENCH_STR2(x) #x
@@ -29,9 +25,8 @@ const char *const side_names[N_SIDES] = {"sop", "driver", "driver-default", "no-
 
 static void *driver_dl;
 static CUmodule module;
-static __typeof__(sop_count_entries) *count_entries;
-static __typeof__(sop_count_name) *count_name;
-static __typeof__(sop_count_read) *count_read;
+static const char *call_names[BENCH_COUNT_MAX];
+static unsigned n_call_names;
 
 void
 check_fail(CUresult r, const char *expr, const char *file, int line)
@@ -45,28 +40,12 @@ check_fail(CUresult r, const char *expr, const char *file, int line)
 	exit(1);
 }
 
-/* The counting shim lives next to the sop-bench executable. */
-static bool
-shim_path(char *buf, size_t len)
-{
-	ssize_t n = readlink("/proc/self/exe", buf, len - 1);
-	char *slash;
-
-	if (n <= 0)
-		return false;
-	buf[n] = '\0';
-	slash = strrchr(buf, '/');
-	if (!slash || (size_t)(slash - buf) + sizeof "/libsopcount.so" > len)
-		return false;
-	strcpy(slash, "/libsopcount.so");
-	return access(buf, R_OK) == 0;
-}
-
 int
-env_init(bool count)
+env_init(void)
 {
 	const char *target = getenv("SOP_DRIVER_LIBRARY");
-	char shim[4096];
+	unsigned long long counts[BENCH_COUNT_MAX];
+	size_t n_calls = BENCH_COUNT_MAX;
 	sop_pool_t probe;
 	cuuint64_t keep = UINT64_MAX;
 	int attr = 0;
@@ -91,7 +70,7 @@ env_init(bool count)
 	    !drv.cuCtxSetCurrent || !drv.cuStreamCreate || !drv.cuStreamDestroy ||
 	    !drv.cuStreamSynchronize || !drv.cuCtxSynchronize || !drv.cuEventCreate ||
 	    !drv.cuEventDestroy || !drv.cuEventRecord || !drv.cuStreamWaitEvent ||
-	    !drv.cuDeviceTotalMem || !drv.cuMemGetInfo) {
+	    !drv.cuEventSynchronize || !drv.cuDeviceTotalMem || !drv.cuMemGetInfo) {
 		fprintf(stderr, "sop-bench: %s lacks entry points the harness needs\n", target);
 		return 1;
 	}
@@ -102,35 +81,14 @@ env_init(bool count)
 	}
 	CHECK(r);
 
-	/* sop loads its driver at its first call: put the shim in front of it now. */
-	if (count && shim_path(shim, sizeof shim)) {
-		setenv("SOP_COUNT_TARGET", target, 1);
-		setenv("SOP_DRIVER_LIBRARY", shim, 1);
-		env.counting = true;
-	} else if (count) {
-		fprintf(stderr, "sop-bench: libsopcount.so is not next to sop-bench: sop's driver "
-				"calls are not counted\n");
-	}
 	r = sop_device_get_default_pool(&probe, 0);
 	if (r != CUDA_SUCCESS) {
-		fprintf(stderr, "sop-bench: sop cannot start (error %d)%s\n", (int)r,
-			env.counting ? "; try --no-count" : "");
+		fprintf(stderr, "sop-bench: sop cannot start (error %d)\n", (int)r);
 		return 1;
 	}
-	if (env.counting) {
-		void *dl = dlopen(shim, RTLD_NOW | RTLD_NOLOAD);
-
-		sym = dl ? dlsym(dl, "sop_count_entries") : NULL;
-		memcpy(&count_entries, &sym, sizeof sym);
-		sym = dl ? dlsym(dl, "sop_count_name") : NULL;
-		memcpy(&count_name, &sym, sizeof sym);
-		sym = dl ? dlsym(dl, "sop_count_read") : NULL;
-		memcpy(&count_read, &sym, sizeof sym);
-		env.counting = count_entries && count_name && count_read &&
-			       count_entries() <= BENCH_COUNT_MAX;
-		if (dl)
-			dlclose(dl); /* drops only the reference NOLOAD took; sop holds its own */
-	}
+	env.counting = sop_driver_calls(call_names, counts, &n_calls) == CUDA_SUCCESS &&
+		       n_calls <= BENCH_COUNT_MAX;
+	n_call_names = env.counting ? (unsigned)n_calls : 0;
 
 	CHECK(drv.cuDeviceGet(&env.dev, 0));
 	CHECK(drv.cuDevicePrimaryCtxRetain(&env.ctx, env.dev));
@@ -144,7 +102,7 @@ env_init(bool count)
 
 	if (drv.cuDeviceGetAttribute &&
 	    drv.cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, env.dev) !=
-		    CUDA_SUCCESS)
+		CUDA_SUCCESS)
 		attr = 0;
 	env.pools = attr && drv.cuMemPoolCreate && drv.cuMemPoolDestroy &&
 		    drv.cuMemPoolSetAttribute && drv.cuMemPoolGetAttribute && drv.cuMemPoolTrimTo &&
@@ -154,8 +112,8 @@ env_init(bool count)
 		/* Both sides cache: the default pool keeps what it reserved, as sop's pools and
 		 * the pools created here do. */
 		CHECK(drv.cuDeviceGetDefaultMemPool(&env.default_pool, env.dev));
-		CHECK(drv.cuMemPoolSetAttribute(env.default_pool,
-						CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+		CHECK(drv.cuMemPoolSetAttribute(env.default_pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+						&keep));
 	}
 	env.kernels = drv.cuModuleLoadData && drv.cuModuleGetFunction && drv.cuLaunchKernel &&
 		      drv.cuModuleLoadData(&module, bench_kernels_ptx) == CUDA_SUCCESS;
@@ -177,10 +135,12 @@ env_fini(void)
 }
 
 bool
-side_open(struct side *sd, enum side_kind kind, uint64_t threshold)
+side_open(struct side *sd, enum side_kind kind, uint64_t threshold, size_t max_size)
 {
+	static bool warned;
 	CUmemPoolProps props;
 	cuuint64_t v = threshold;
+	CUresult r;
 
 	memset(sd, 0, sizeof *sd);
 	sd->kind = kind;
@@ -188,6 +148,7 @@ side_open(struct side *sd, enum side_kind kind, uint64_t threshold)
 	props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
 	props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	props.location.id = env.dev;
+	props.maxSize = max_size;
 	switch (kind) {
 	case SIDE_SOP:
 		CHECK(sop_pool_create(&sd->sop, &props));
@@ -196,7 +157,18 @@ side_open(struct side *sd, enum side_kind kind, uint64_t threshold)
 	case SIDE_POOL:
 		if (!env.pools)
 			return false;
-		CHECK(drv.cuMemPoolCreate(&sd->pool, &props));
+		r = drv.cuMemPoolCreate(&sd->pool, &props);
+		if (r == CUDA_ERROR_INVALID_VALUE && max_size) {
+			/* A driver older than maxSize (CUDA 12.2): run uncapped, and say so. */
+			if (!warned)
+				note("the driver refused maxSize %zu MiB for its pool: it ran "
+				     "uncapped",
+				     max_size / MiB);
+			warned = true;
+			props.maxSize = 0;
+			r = drv.cuMemPoolCreate(&sd->pool, &props);
+		}
+		CHECK(r);
 		CHECK(drv.cuMemPoolSetAttribute(sd->pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v));
 		return true;
 	case SIDE_DEFAULT:
@@ -233,15 +205,23 @@ side_close(struct side *sd)
 	memset(sd, 0, sizeof *sd);
 }
 
+bool
+side_allowed(enum side_kind kind)
+{
+	if (!(opts.sides & SIDE_BIT(kind)))
+		return false;
+	return kind == SIDE_SOP || kind == SIDE_IDEAL || env.pools;
+}
+
 int
-sides_open(struct side *out, unsigned want, uint64_t threshold)
+sides_open(struct side *out, unsigned want, uint64_t threshold, size_t max_size)
 {
 	int n = 0, k;
 
-	for (k = 0; k < N_SIDES; k++) {
-		if (!(want & opts.sides & SIDE_BIT(k)) || k == SIDE_IDEAL)
+	for (k = 0; k < SIDE_IDEAL; k++) {
+		if (!(want & SIDE_BIT(k)) || !side_allowed((enum side_kind)k))
 			continue;
-		if (side_open(&out[n], (enum side_kind)k, threshold))
+		if (side_open(&out[n], (enum side_kind)k, threshold, max_size))
 			n++;
 	}
 	return n;
@@ -281,6 +261,21 @@ side_wait(const struct side *sd, CUstream s, CUevent ev)
 {
 	return sd->kind == SIDE_SOP ? sop_stream_wait_event(s, ev, 0)
 				    : drv.cuStreamWaitEvent(s, ev, 0);
+}
+
+CUresult
+side_event_sync(const struct side *sd, CUevent ev)
+{
+	return sd->kind == SIDE_SOP ? sop_event_synchronize(ev) : drv.cuEventSynchronize(ev);
+}
+
+void
+side_trim(const struct side *sd, size_t keep)
+{
+	if (sd->kind == SIDE_SOP)
+		CHECK(sop_trim_to(sd->sop, keep));
+	else if (sd->kind == SIDE_POOL || sd->kind == SIDE_DEFAULT)
+		CHECK(drv.cuMemPoolTrimTo(sd->pool, keep));
 }
 
 CUresult
@@ -352,24 +347,25 @@ launch_fill(void *p, size_t bytes, unsigned v, CUstream s)
 void
 calls_read(struct calls *c)
 {
-	unsigned i, n;
+	const char *names[BENCH_COUNT_MAX];
+	unsigned long long counts[BENCH_COUNT_MAX];
+	size_t n = BENCH_COUNT_MAX, i;
 
 	memset(c, 0, sizeof *c);
-	if (!env.counting)
+	if (!env.counting || sop_driver_calls(names, counts, &n) != CUDA_SUCCESS)
 		return;
-	n = count_entries();
-	for (i = 0; i < n; i++)
-		c->n[i] = count_read(i);
+	for (i = 0; i < n && i < BENCH_COUNT_MAX; i++)
+		c->n[i] = counts[i];
 }
 
 unsigned
 calls_entries(void)
 {
-	return env.counting ? count_entries() : 0;
+	return n_call_names;
 }
 
 const char *
 calls_name(unsigned i)
 {
-	return env.counting ? count_name(i) : "";
+	return i < n_call_names ? call_names[i] : "";
 }

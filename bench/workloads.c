@@ -1,0 +1,941 @@
+/* workloads.c - every workload but replay (replay.c).
+ *
+ * Each workload opens the sides it compares, warms every one with an untimed run of its own
+ * case, then times the case `reps` times, the sides taking turns inside each repetition (sop,
+ * then the driver's pool, then the default pool), so that drift in clocks or in the machine
+ * touches every side alike. The same random seed gives every side the same sequence of
+ * requests. Counts and sizes are set for a full run of all workloads in a few minutes on an
+ * H100 (the driver's pool is the slow side: ~1 us a call, and it serializes threads); --quick
+ * and --smoke shrink them, --scale and the list options change them.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+#define ALL_POOLS (SIDE_BIT(SIDE_SOP) | SIDE_BIT(SIDE_POOL) | SIDE_BIT(SIDE_DEFAULT))
+#define SOP_AND_POOL (SIDE_BIT(SIDE_SOP) | SIDE_BIT(SIDE_POOL))
+#define N_OF(a) ((int)(sizeof(a) / sizeof *(a)))
+
+static void *
+xcalloc(size_t n, size_t size)
+{
+	void *p = calloc(n ? n : 1, size);
+
+	if (!p) {
+		fprintf(stderr, "sop-bench: out of host memory\n");
+		exit(1);
+	}
+	return p;
+}
+
+/* At most 1/divisor of the memory that was free at start, and at most cap. */
+static size_t
+mem_cap(size_t cap, size_t divisor)
+{
+	size_t m = env.free_mem / divisor;
+
+	return m < cap ? m : cap;
+}
+
+/* ---- pair ----------------------------------------------------------------------------------- */
+
+static void
+pair_run(const struct side *sd, size_t size, long n, CUstream s)
+{
+	void *p;
+	long i;
+
+	if (sd->kind == SIDE_SOP) {
+		/* sop's calls made directly, as an application makes them. */
+		for (i = 0; i < n; i++) {
+			CHECK(sop_malloc_from_pool_async(&p, size, sd->sop, s));
+			CHECK(sop_free_async(p, s));
+		}
+		return;
+	}
+	for (i = 0; i < n; i++) {
+		CHECK(side_alloc(sd, &p, size, s));
+		CHECK(side_free(sd, p, s));
+	}
+}
+
+void
+wl_pair(void)
+{
+	static const size_t sizes_all[] = {256, 4 * KiB, 64 * KiB, MiB, 64 * MiB};
+	struct list sizes = list_pick(&opts.sizes, sizes_all, N_OF(sizes_all), sizes_all,
+				      N_OF(sizes_all), sizes_all, N_OF(sizes_all));
+	long iters = scaled(100000, 20000, 200);
+	struct side sd[N_SIDES];
+	int n = sides_open(sd, ALL_POOLS, UINT64_MAX, 0);
+	CUstream s = stream_new();
+	char label[32];
+	int c, r, i;
+
+	describe("One stream, one thread: allocate and free the same size, %ld pairs per run after "
+		 "%ld untimed; the stream is synchronized between runs.",
+		 iters, iters / 10 + 1);
+	for (c = 0; c < sizes.n && budget_left("pair"); c++) {
+		size_t size = sizes.v[c];
+		struct metric *m = metric_new("pair", "", fmt_size(label, sizeof label, size),
+					      "latency", "ns/pair", (double)size, false);
+
+		for (i = 0; i < n; i++) {
+			pair_run(&sd[i], size, iters / 10 + 1, s);
+			CHECK(side_sync(&sd[i], s));
+		}
+		for (r = 0; r < opts.reps; r++) {
+			for (i = 0; i < n; i++) {
+				struct span sp;
+
+				span_begin(&sp, sd[i].kind);
+				pair_run(&sd[i], size, iters, s);
+				metric_add(m, sd[i].kind,
+					   span_end(&sp, m, (double)iters) / (double)iters);
+				CHECK(side_sync(&sd[i], s));
+			}
+		}
+		metric_done(m);
+	}
+	sides_close(sd, n);
+	stream_free(s);
+}
+
+/* ---- batch ---------------------------------------------------------------------------------- */
+
+static void
+batch_run(const struct side *sd, size_t size, size_t k, long iters, void **p, CUstream s)
+{
+	long it;
+	size_t i;
+
+	for (it = 0; it < iters; it++) {
+		for (i = 0; i < k; i++)
+			CHECK(side_alloc(sd, &p[i], size, s));
+		for (i = 0; i < k; i++)
+			CHECK(side_free(sd, p[i], s));
+	}
+}
+
+void
+wl_batch(void)
+{
+	static const size_t ks[] = {64, 1024};
+	static const size_t sizes_full[] = {4 * KiB, MiB};
+	static const size_t sizes_smoke[] = {4 * KiB};
+	struct list kl = list_pick(&opts.batch, ks, N_OF(ks), ks, N_OF(ks), ks, N_OF(ks));
+	long pairs = scaled(65536, 16384, 2048);
+	struct side sd[N_SIDES];
+	int n = sides_open(sd, ALL_POOLS, UINT64_MAX, 0);
+	CUstream s = stream_new();
+	char label[32], cas[32];
+	int a, b, r, i;
+
+	describe("One stream: k allocations of one size, then their k frees in the same order, "
+		 "about %ld pairs per run after one untimed batch.",
+		 pairs);
+	for (a = 0; a < N_OF(sizes_full); a++) {
+		size_t size = sizes_full[a];
+
+		if (opts.level == LEVEL_SMOKE && a >= N_OF(sizes_smoke))
+			break;
+		for (b = 0; b < kl.n && budget_left("batch"); b++) {
+			size_t k = kl.v[b];
+			long iters = pairs / (long)k > 0 ? pairs / (long)k : 1;
+			void **p = xcalloc(k, sizeof *p);
+			struct metric *m;
+
+			snprintf(cas, sizeof cas, "k=%zu", k);
+			m = metric_new("batch", fmt_size(label, sizeof label, size), cas, "latency",
+				       "ns/pair", (double)k, false);
+			for (i = 0; i < n; i++) {
+				batch_run(&sd[i], size, k, 1, p, s);
+				CHECK(side_sync(&sd[i], s));
+			}
+			for (r = 0; r < opts.reps; r++) {
+				for (i = 0; i < n; i++) {
+					double ops = (double)iters * (double)k;
+					struct span sp;
+
+					span_begin(&sp, sd[i].kind);
+					batch_run(&sd[i], size, k, iters, p, s);
+					metric_add(m, sd[i].kind, span_end(&sp, m, ops) / ops);
+					CHECK(side_sync(&sd[i], s));
+				}
+			}
+			metric_done(m);
+			free(p);
+		}
+	}
+	sides_close(sd, n);
+	stream_free(s);
+}
+
+/* ---- random: RMM's random_allocations ------------------------------------------------------ */
+
+struct live {
+	void *p;
+	size_t size;
+};
+
+struct random_state {
+	struct live *live;
+	long n_live;
+	long failed;
+	size_t peak;
+};
+
+/* RMM's loop: 2N iterations; each draws a size, then (if anything is live) an operation:
+ * allocate when op < 73, fewer than N allocations were made and the live bytes stay under the
+ * cap; otherwise free a random live allocation. A failed allocation turns into a free, as in
+ * RMM. Leftovers stay live for the caller to free outside the timed region. */
+static void
+random_run(const struct side *sd, long n_allocs, size_t max_size, size_t max_usage,
+	   struct random_state *st, CUstream s)
+{
+	struct rng rng = {20240601};
+	long i, allocs = 0;
+	size_t bytes = 0;
+
+	st->n_live = 0;
+	for (i = 0; i < 2 * n_allocs; i++) {
+		size_t size = 1 + rng_below(&rng, max_size);
+		bool alloc = st->n_live == 0 || rng_below(&rng, 100) < 73;
+
+		if (alloc && allocs < n_allocs && bytes + size < max_usage) {
+			struct live *l = &st->live[st->n_live];
+			CUresult r = side_alloc(sd, &l->p, size, s);
+
+			if (r == CUDA_SUCCESS) {
+				l->size = size;
+				st->n_live++;
+				allocs++;
+				bytes += size;
+				if (bytes > st->peak)
+					st->peak = bytes;
+				continue;
+			}
+			if (r != CUDA_ERROR_OUT_OF_MEMORY)
+				CHECK(r);
+			st->failed++;
+		}
+		if (st->n_live) {
+			long j = (long)(rng_below(&rng, (uint64_t)n_allocs) % (uint64_t)st->n_live);
+
+			CHECK(side_free(sd, st->live[j].p, s));
+			bytes -= st->live[j].size;
+			st->live[j] = st->live[--st->n_live];
+		}
+	}
+}
+
+static void
+random_leftovers(const struct side *sd, struct random_state *st, CUstream s)
+{
+	while (st->n_live)
+		CHECK(side_free(sd, st->live[--st->n_live].p, s));
+	CHECK(side_sync(sd, s));
+}
+
+void
+wl_random(void)
+{
+	static const size_t m_full[] = {1, 64, 1024};
+	static const size_t m_smoke[] = {1, 64};
+	struct list ml = list_pick(&opts.max_mib, m_full, N_OF(m_full), m_full, N_OF(m_full),
+				   m_smoke, N_OF(m_smoke));
+	long n_allocs = scaled(10000, 2000, 200);
+	/* RMM caps live bytes at 16000 MiB. Here two pools stay warm side by side: live bytes
+	 * take at most an eighth of the free memory, and each pool may hold at most 40% of it
+	 * (maxSize), so that the pool measured first cannot starve the other; what each does at
+	 * its cap is its own policy. */
+	size_t max_usage = mem_cap(16000 * MiB, 8);
+	size_t pool_cap = env.free_mem / 5 * 2 / (32 * MiB) * (32 * MiB);
+	struct random_state st;
+	CUstream s = stream_new();
+	char cas[32];
+	int c, r, i;
+
+	memset(&st, 0, sizeof st);
+	st.live = xcalloc((size_t)n_allocs, sizeof *st.live);
+	describe("RMM's random_allocations on one stream: N = %ld allocations in 2N operations, "
+		 "sizes uniform in 1 B..M MiB, live bytes capped at %zu MiB (RMM: 16000 MiB; here "
+		 "two warm pools share the device, each with maxSize %zu MiB), a fixed splitmix64 "
+		 "sequence (not libstdc++'s minstd_rand0). Fresh pools per case; the untimed first "
+		 "run on them gives the memory ratio.",
+		 n_allocs, max_usage / MiB, pool_cap / MiB);
+	for (c = 0; c < ml.n && budget_left("random"); c++) {
+		size_t max_size = ml.v[c] * MiB;
+		struct side sd[N_SIDES];
+		int n = sides_open(sd, SOP_AND_POOL, UINT64_MAX, pool_cap);
+		struct metric *m, *mem;
+		long failed[N_SIDES] = {0};
+
+		snprintf(cas, sizeof cas, "sizes 1 B..%zu MiB", ml.v[c]);
+		m = metric_new("random", "", cas, "throughput", "M ops/s", (double)ml.v[c], true);
+		mem = metric_new("random", "", cas, "reserved-high / peak live", "x",
+				 (double)ml.v[c], false);
+		/* The untimed warm run, on fresh pools, gives the memory figure. */
+		for (i = 0; i < n; i++) {
+			st.peak = 0;
+			st.failed = 0;
+			random_run(&sd[i], n_allocs, max_size, max_usage, &st, s);
+			random_leftovers(&sd[i], &st, s);
+			metric_add(mem, sd[i].kind,
+				   (double)side_attr(&sd[i], CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) /
+				       (double)(st.peak ? st.peak : 1));
+			failed[sd[i].kind] += st.failed;
+		}
+		for (r = 0; r < opts.reps; r++) {
+			for (i = 0; i < n; i++) {
+				double ops = 2.0 * (double)n_allocs;
+				struct span sp;
+				double t;
+
+				st.failed = 0;
+				span_begin(&sp, sd[i].kind);
+				random_run(&sd[i], n_allocs, max_size, max_usage, &st, s);
+				t = span_end(&sp, m, ops);
+				metric_add(m, sd[i].kind, ops / t * 1e3);
+				failed[sd[i].kind] += st.failed;
+				random_leftovers(&sd[i], &st, s);
+			}
+		}
+		metric_done(m);
+		metric_done(mem);
+		for (i = 0; i < n; i++)
+			if (failed[sd[i].kind])
+				note("random %s: %ld allocations failed on %s (out of memory), "
+				     "turned into frees as in RMM",
+				     cas, failed[sd[i].kind], side_names[sd[i].kind]);
+		sides_close(sd, n);
+	}
+	free(st.live);
+	stream_free(s);
+}
+
+/* ---- threads -------------------------------------------------------------------------------- */
+
+#define THREAD_LIVE 256
+#define THREAD_MAX 256
+
+struct thr {
+	const struct side *sd;
+	CUstream s;
+	pthread_barrier_t *bar;
+	double box_ns;
+	size_t max_size;
+	int tid;
+	long ops;
+	double ns;
+};
+
+/* Fill 256 live blocks, then until the time box ends: free a random one, allocate a new random
+ * size (1 B..1 MiB) in its place, as anchor.c's mt_scaling does. */
+static void *
+thr_main(void *arg)
+{
+	struct thr *t = arg;
+	struct rng rng = {0x5eed0000u + (uint64_t)t->tid};
+	void *live[THREAD_LIVE];
+	double t0, t1;
+	long ops = 0;
+	int i;
+
+	CHECK(drv.cuCtxSetCurrent(env.ctx));
+	for (i = 0; i < THREAD_LIVE; i++)
+		CHECK(side_alloc(t->sd, &live[i], 1 + rng_below(&rng, t->max_size), t->s));
+	pthread_barrier_wait(t->bar); /* filled: the main thread reads the counters */
+	pthread_barrier_wait(t->bar); /* go */
+	t0 = now_ns();
+	do {
+		for (i = 0; i < 16; i++) {
+			uint64_t x = rng_next(&rng);
+			int k = (int)(x % THREAD_LIVE);
+
+			CHECK(side_free(t->sd, live[k], t->s));
+			CHECK(side_alloc(t->sd, &live[k], 1 + (x >> 20) % t->max_size, t->s));
+		}
+		ops += 16;
+		t1 = now_ns();
+	} while (t1 - t0 < t->box_ns);
+	t->ops = ops;
+	t->ns = t1 - t0;
+	pthread_barrier_wait(t->bar); /* done: the counters again */
+	for (i = 0; i < THREAD_LIVE; i++)
+		CHECK(side_free(t->sd, live[i], t->s));
+	CHECK(side_sync(t->sd, t->s));
+	return NULL;
+}
+
+static int
+cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static void
+threads_run(const struct side *sd, int n_threads, double box_ns, size_t max_size,
+	    const CUstream *streams, struct metric *agg, struct metric *lat)
+{
+	pthread_t th[THREAD_MAX];
+	struct thr t[THREAD_MAX];
+	double per[THREAD_MAX];
+	pthread_barrier_t bar;
+	struct calls c0, c1;
+	double total = 0, slowest = 0;
+	int i;
+
+	pthread_barrier_init(&bar, NULL, (unsigned)n_threads + 1);
+	for (i = 0; i < n_threads; i++) {
+		t[i] = (struct thr){.sd = sd,
+				    .s = streams[i],
+				    .bar = &bar,
+				    .box_ns = box_ns,
+				    .max_size = max_size,
+				    .tid = i};
+		if (pthread_create(&th[i], NULL, thr_main, &t[i])) {
+			fprintf(stderr, "sop-bench: cannot start thread %d\n", i);
+			exit(1);
+		}
+	}
+	pthread_barrier_wait(&bar);
+	if (agg)
+		calls_read(&c0);
+	pthread_barrier_wait(&bar);
+	pthread_barrier_wait(&bar);
+	if (agg)
+		calls_read(&c1);
+	for (i = 0; i < n_threads; i++)
+		pthread_join(th[i], NULL);
+	pthread_barrier_destroy(&bar);
+	if (!agg)
+		return;
+	for (i = 0; i < n_threads; i++) {
+		total += (double)t[i].ops;
+		if (t[i].ns > slowest)
+			slowest = t[i].ns;
+		per[i] = t[i].ns / (double)t[i].ops;
+	}
+	qsort(per, (size_t)n_threads, sizeof *per, cmp_double);
+	metric_add(agg, sd->kind, total / slowest * 1e3);
+	metric_add(lat, sd->kind,
+		   n_threads % 2 ? per[n_threads / 2]
+				 : (per[n_threads / 2 - 1] + per[n_threads / 2]) / 2);
+	if (sd->kind == SIDE_SOP)
+		metric_calls(agg, &c0, &c1, total);
+}
+
+void
+wl_threads(void)
+{
+	static const size_t counts[] = {1, 2, 4, 8, 16};
+	struct list tl = list_pick(&opts.threads, counts, N_OF(counts), counts, N_OF(counts),
+				   counts, N_OF(counts));
+	/* A time box, not a count: the driver's pool falls to ~0.1 M pairs/s with 16 threads
+	 * and a fixed count would take it minutes. */
+	double box_ns = (double)scaled(100, 30, 5) * 1e6;
+	struct side sd[N_SIDES];
+	int n = sides_open(sd, ALL_POOLS, UINT64_MAX, 0);
+	CUstream streams[THREAD_MAX];
+	size_t max_size;
+	int max_t = 1, c, r, i;
+	char cas[32];
+
+	for (c = 0; c < tl.n; c++)
+		if ((int)tl.v[c] > max_t)
+			max_t = (int)tl.v[c];
+	for (i = 0; i < max_t; i++)
+		streams[i] = stream_new();
+	/* Sizes up to 1 MiB, unless every side's blocks would not fit at once (the simulated
+	 * driver's 1 GiB): the mean block is half the largest. */
+	max_size = mem_cap(MiB, (size_t)max_t * THREAD_LIVE * (size_t)(n > 0 ? n : 1));
+	if (max_size < KiB)
+		max_size = KiB;
+	if (max_size < MiB)
+		note("threads: sizes up to %zu KiB, not 1 MiB, to fit the device", max_size / KiB);
+	describe(
+	    "Each thread on its own stream, all on one pool: 256 live blocks of 1 B..%zu KiB, "
+	    "then free a random one and allocate a new random size in its place until a time "
+	    "box of %.0f ms ends. Aggregate = all pairs / the slowest thread's time; latency = "
+	    "the median thread's time per pair.",
+	    max_size / KiB, box_ns / 1e6);
+	for (c = 0; c < tl.n && budget_left("threads"); c++) {
+		int n_threads = (int)tl.v[c];
+		struct metric *agg, *lat;
+
+		snprintf(cas, sizeof cas, "%d thread%s", n_threads, n_threads > 1 ? "s" : "");
+		agg = metric_new("threads", "", cas, "aggregate", "M pairs/s", n_threads, true);
+		lat = metric_new("threads", "", cas, "per-thread latency", "ns/pair", n_threads,
+				 false);
+		for (i = 0; i < n; i++)
+			threads_run(&sd[i], n_threads, box_ns / 4, max_size, streams, NULL, NULL);
+		for (r = 0; r < opts.reps; r++)
+			for (i = 0; i < n; i++)
+				threads_run(&sd[i], n_threads, box_ns, max_size, streams, agg, lat);
+		metric_done(agg);
+		metric_done(lat);
+	}
+	sides_close(sd, n);
+	for (i = 0; i < max_t; i++)
+		stream_free(streams[i]);
+}
+
+/* ---- streams: RMM's multi_stream_allocations ------------------------------------------------ */
+
+/* One iteration: K times, on stream i % S, allocate, launch a kernel that spins and then writes
+ * to the memory, free; then synchronize the context. sd NULL: the same launches on a buffer
+ * allocated beforehand, the ideal an allocator can only approach. */
+static void
+streams_run(const struct side *sd, int n_streams, int k, size_t size, long long cycles,
+	    const CUstream *st, long iters, char *ideal)
+{
+	long it;
+	int i;
+
+	for (it = 0; it < iters; it++) {
+		for (i = 0; i < k; i++) {
+			CUstream s = st[i % n_streams];
+			void *p = ideal + 8 * i;
+
+			if (sd)
+				CHECK(side_alloc(sd, &p, size, s));
+			if (env.kernels)
+				launch_spin(p, cycles, s);
+			if (sd)
+				CHECK(side_free(sd, p, s));
+		}
+		if (sd)
+			CHECK(side_ctx_sync(sd));
+		else
+			CHECK(drv.cuCtxSynchronize());
+	}
+}
+
+void
+wl_streams(void)
+{
+	static const size_t counts[] = {1, 2, 4, 8, 16};
+	static const size_t sizes_full[] = {8, MiB, 64 * MiB};
+	static const size_t sizes_quick[] = {8, 64 * MiB};
+	static const size_t sizes_smoke[] = {8, MiB};
+	struct list sl = list_pick(&opts.streams, counts, N_OF(counts), counts, N_OF(counts),
+				   counts, N_OF(counts));
+	const size_t *sizes = opts.level == LEVEL_FULL    ? sizes_full
+			      : opts.level == LEVEL_QUICK ? sizes_quick
+							  : sizes_smoke;
+	int n_sizes = opts.level == LEVEL_FULL    ? N_OF(sizes_full)
+		      : opts.level == LEVEL_QUICK ? N_OF(sizes_quick)
+						  : N_OF(sizes_smoke);
+	int k = opts.level == LEVEL_FULL ? 64 : opts.level == LEVEL_QUICK ? 32 : 16;
+	/* RMM's kernel spins 1,000,000 cycles, about 0.5 ms on an H100. */
+	long long cycles = opts.level == LEVEL_SMOKE ? 100000 : 1000000;
+	long iters = scaled(1, 1, 1);
+	bool ideal_on = env.kernels && side_allowed(SIDE_IDEAL);
+	struct side sd[N_SIDES], aux;
+	int n = sides_open(sd, SOP_AND_POOL, UINT64_MAX, 0);
+	CUstream st[64];
+	void *buf;
+	char *ideal;
+	int max_s = 1, a, c, r, i;
+	char label[32], cas[32];
+
+	for (c = 0; c < sl.n; c++)
+		if ((int)sl.v[c] > max_s)
+			max_s = (int)sl.v[c];
+	for (i = 0; i < max_s; i++)
+		st[i] = stream_new();
+	/* The ideal run's buffer comes from a pool of its own, outside the pools measured. */
+	side_open(&aux, SIDE_SOP, UINT64_MAX, 0);
+	CHECK(side_alloc(&aux, &buf, 8 * (size_t)k, st[0]));
+	ideal = buf;
+	CHECK(side_sync(&aux, st[0]));
+
+	describe(
+	    "Per iteration, K = %d times on stream i %% S: allocate, launch a one-thread "
+	    "kernel that spins %lld cycles and writes the memory, free; then synchronize the "
+	    "context (%ld iteration%s per run). no-alloc runs the same launches on a buffer "
+	    "allocated beforehand: the ideal, ceil(K / S) kernel times when streams overlap.%s",
+	    k, cycles, iters, iters > 1 ? "s" : "",
+	    env.kernels ? "" : " No kernels here: allocations and synchronization only.");
+	for (a = 0; a < n_sizes; a++) {
+		size_t size = sizes[a];
+
+		fmt_size(label, sizeof label, size);
+		for (c = 0; c < sl.n && budget_left("streams"); c++) {
+			int n_streams = (int)sl.v[c];
+			struct metric *wall, *rel = NULL;
+
+			snprintf(cas, sizeof cas, "S=%d", n_streams);
+			wall = metric_new("streams", label, cas, "wall per iteration", "ms",
+					  n_streams, false);
+			if (ideal_on)
+				rel = metric_new("streams", label, cas, "wall / no-alloc wall", "x",
+						 n_streams, false);
+			for (i = 0; i < n; i++)
+				streams_run(&sd[i], n_streams, k, size, cycles, st, 1, ideal);
+			if (ideal_on)
+				streams_run(NULL, n_streams, k, size, cycles, st, 1, ideal);
+			for (r = 0; r < opts.reps; r++) {
+				double t[N_SIDES] = {0}, t_ideal = 0;
+				struct span sp;
+
+				for (i = 0; i < n; i++) {
+					span_begin(&sp, sd[i].kind);
+					streams_run(&sd[i], n_streams, k, size, cycles, st, iters,
+						    ideal);
+					t[i] = span_end(&sp, wall, (double)(iters * k));
+					metric_add(wall, sd[i].kind, t[i] / (double)iters / 1e6);
+				}
+				if (!ideal_on)
+					continue;
+				span_begin(&sp, SIDE_IDEAL);
+				streams_run(NULL, n_streams, k, size, cycles, st, iters, ideal);
+				t_ideal = span_end(&sp, NULL, 0);
+				metric_add(wall, SIDE_IDEAL, t_ideal / (double)iters / 1e6);
+				for (i = 0; i < n; i++)
+					metric_add(rel, sd[i].kind, t[i] / t_ideal);
+				metric_add(rel, SIDE_IDEAL, 1);
+			}
+			metric_done(wall);
+			if (rel)
+				metric_done(rel);
+		}
+	}
+	sides_close(sd, n);
+	CHECK(side_free(&aux, buf, st[0]));
+	CHECK(side_sync(&aux, st[0]));
+	side_close(&aux);
+	for (i = 0; i < max_s; i++)
+		stream_free(st[i]);
+}
+
+/* ---- handoff ------------------------------------------------------------------------------ */
+
+#define HANDOFF_EVENTS 32
+/* The host may run this many iterations ahead of the GPU: without a bound it queues thousands
+ * of kernels, and both pools grow by a block for each one still pending. */
+#define HANDOFF_AHEAD 128
+
+struct handoff_events {
+	CUevent ev[HANDOFF_EVENTS];
+	CUevent ahead[4];
+};
+
+/* Allocate on A, fill it there, record an event on A, make B wait on it, free on B. Every
+ * HANDOFF_AHEAD / 2 iterations an event on B marks progress, and the host waits for the mark
+ * two back: through the side's own event synchronize, which each allocator sees. */
+static void
+handoff_run(const struct side *sd, const struct handoff_events *e, size_t size, long n, CUstream a,
+	    CUstream b, struct metric *host, struct metric *gpu, long *stalls)
+{
+	const long step = HANDOFF_AHEAD / 2;
+	struct span sp;
+	CUresult r;
+	double t;
+	long i;
+
+	span_begin(&sp, sd->kind);
+	for (i = 0; i < n; i++) {
+		CUevent ev = e->ev[i % HANDOFF_EVENTS];
+		void *p;
+
+		if (i % step == 0) {
+			long mark = i / step;
+
+			if (mark >= 2)
+				CHECK(side_event_sync(sd, e->ahead[(mark - 2) % 4]));
+			CHECK(side_record(sd, e->ahead[mark % 4], b));
+		}
+		r = side_alloc(sd, &p, size, a);
+		if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+			/* Memory pending on B that the allocator could not reuse: wait for it
+			 * rather than end the run, and say so in the report. */
+			CHECK(side_ctx_sync(sd));
+			(*stalls)++;
+			r = side_alloc(sd, &p, size, a);
+		}
+		CHECK(r);
+		if (env.kernels)
+			launch_fill(p, size, (unsigned)i, a);
+		CHECK(side_record(sd, ev, a));
+		CHECK(side_wait(sd, b, ev));
+		CHECK(side_free(sd, p, b));
+	}
+	t = span_end(&sp, host, (double)n);
+	CHECK(side_ctx_sync(sd));
+	if (host) {
+		metric_add(host, sd->kind, t / (double)n / 1e3);
+		metric_add(gpu, sd->kind, (now_ns() - sp.t0) / (double)n / 1e3);
+	}
+}
+
+static void
+handoff_events(const struct side *sd, struct handoff_events *e, bool create)
+{
+	int i;
+
+	for (i = 0; i < HANDOFF_EVENTS + 4; i++) {
+		CUevent *ev = i < HANDOFF_EVENTS ? &e->ev[i] : &e->ahead[i - HANDOFF_EVENTS];
+
+		if (create)
+			CHECK(drv.cuEventCreate(ev, CU_EVENT_DISABLE_TIMING));
+		else
+			CHECK(side_event_destroy(sd, *ev));
+	}
+}
+
+void
+wl_handoff(void)
+{
+	static const size_t sizes_full[] = {64 * KiB, 16 * MiB};
+	static const size_t sizes_smoke[] = {64 * KiB};
+	long iters = scaled(5000, 1000, 100);
+	int n_sizes = opts.level == LEVEL_SMOKE ? N_OF(sizes_smoke) : N_OF(sizes_full);
+	CUstream a = stream_new(), b = stream_new();
+	char label[32];
+	int c, r, i;
+
+	describe("Per iteration: allocate on stream A, fill the block with a kernel on A, record "
+		 "an event on A, make stream B wait on it, free on B; %ld iterations per run, the "
+		 "host at most %d iterations ahead of the GPU. Host time is the loop; time to "
+		 "completion runs until the context is synchronized. Fresh pools per size.%s",
+		 iters, HANDOFF_AHEAD, env.kernels ? "" : " No kernels here: no fill.");
+	for (c = 0; c < n_sizes && budget_left("handoff"); c++) {
+		size_t size = sizes_full[c];
+		struct side sd[N_SIDES];
+		struct handoff_events ev[N_SIDES];
+		int n = sides_open(sd, SOP_AND_POOL, UINT64_MAX, 0);
+		struct metric *host, *gpu, *mem;
+		long stalls[N_SIDES] = {0};
+
+		fmt_size(label, sizeof label, size);
+		host =
+		    metric_new("handoff", "", label, "host time", "us/iter", (double)size, false);
+		gpu = metric_new("handoff", "", label, "time to completion", "us/iter",
+				 (double)size, false);
+		mem = metric_new("handoff", "", label, "reserved-high", "MiB", (double)size, false);
+		for (i = 0; i < n; i++) {
+			handoff_events(&sd[i], &ev[i], true);
+			handoff_run(&sd[i], &ev[i], size, iters / 10 + 1, a, b, NULL, NULL,
+				    &stalls[sd[i].kind]);
+		}
+		for (r = 0; r < opts.reps; r++)
+			for (i = 0; i < n; i++)
+				handoff_run(&sd[i], &ev[i], size, iters, a, b, host, gpu,
+					    &stalls[sd[i].kind]);
+		for (i = 0; i < n; i++) {
+			metric_add(mem, sd[i].kind,
+				   (double)side_attr(&sd[i], CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) /
+				       (double)MiB);
+			handoff_events(&sd[i], &ev[i], false);
+			if (stalls[sd[i].kind])
+				note("handoff %s: %s ran out of memory %ld times and synchronized "
+				     "the "
+				     "context to go on",
+				     label, side_names[sd[i].kind], stalls[sd[i].kind]);
+		}
+		metric_done(host);
+		metric_done(gpu);
+		metric_done(mem);
+		sides_close(sd, n);
+	}
+	stream_free(a);
+	stream_free(b);
+}
+
+/* ---- fragmentation -------------------------------------------------------------------------- */
+
+#define FRAG_SLOTS 512
+
+/* anchor.c's mempool_behaviour: pick a random slot; free it if taken, else allocate a
+ * log-uniform size, 2^e + U[0, 2^e) bytes for e in 0..26 (1 B..128 MiB), unless the live bytes
+ * would pass the cap. */
+static void
+frag_run(const struct side *sd, uint64_t seed, long iters, size_t cap, CUstream s, size_t *peak,
+	 long *failed)
+{
+	struct live slot[FRAG_SLOTS];
+	struct rng rng = {seed};
+	size_t used = 0;
+	long i;
+	int k;
+
+	memset(slot, 0, sizeof slot);
+	for (i = 0; i < iters; i++) {
+		struct live *l = &slot[rng_below(&rng, FRAG_SLOTS)];
+		unsigned e;
+		size_t n;
+		CUresult r;
+
+		if (l->p) {
+			CHECK(side_free(sd, l->p, s));
+			used -= l->size;
+			l->p = NULL;
+			continue;
+		}
+		e = (unsigned)rng_below(&rng, 27);
+		n = ((size_t)1 << e) + rng_below(&rng, (uint64_t)1 << e);
+		if (used + n > cap)
+			continue;
+		r = side_alloc(sd, &l->p, n, s);
+		if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+			l->p = NULL;
+			(*failed)++;
+			continue;
+		}
+		CHECK(r);
+		l->size = n;
+		used += n;
+		if (used > *peak)
+			*peak = used;
+	}
+	for (k = 0; k < FRAG_SLOTS; k++)
+		if (slot[k].p)
+			CHECK(side_free(sd, slot[k].p, s));
+}
+
+void
+wl_fragmentation(void)
+{
+	static const enum side_kind kinds[] = {SIDE_SOP, SIDE_POOL};
+	long iters = scaled(200000, 50000, 2000);
+	size_t cap = mem_cap(8 * GiB, 4);
+	/* Each repetition builds fresh pools from nothing: a few are enough. */
+	int reps = opts.reps < 5 ? opts.reps : 5;
+	CUstream s = stream_new();
+	struct metric *ratio_m, *high_m, *time_m;
+	long failed[N_SIDES] = {0};
+	char cas[48], label[32];
+	int r, i;
+
+	snprintf(cas, sizeof cas, "<= %s live", fmt_size(label, sizeof label, cap));
+	describe("anchor.c's mempool_behaviour on fresh pools: %ld steps over 512 slots, each "
+		 "freeing a taken slot or filling an empty one with 2^e + U[0, 2^e) bytes (e in "
+		 "0..26), live bytes capped; a new seed per repetition (at most 5). The largest "
+		 "free extent "
+		 "over total free is not reported: neither sop nor the driver's pool has a public "
+		 "way to read it.",
+		 iters);
+	ratio_m = metric_new("fragmentation", "", cas, "reserved-high / peak live", "x", 0, false);
+	high_m = metric_new("fragmentation", "", cas, "reserved-high", "MiB", 0, false);
+	time_m = metric_new("fragmentation", "", cas, "time", "ns/op", 0, false);
+	for (r = 0; r < reps && budget_left("fragmentation"); r++) {
+		for (i = 0; i < N_OF(kinds); i++) {
+			struct side sd;
+			struct span sp;
+			size_t peak = 0;
+			uint64_t high;
+
+			if (!side_allowed(kinds[i]) || !side_open(&sd, kinds[i], UINT64_MAX, 0))
+				continue;
+			span_begin(&sp, sd.kind);
+			frag_run(&sd, 1000 + (uint64_t)r, iters, cap, s, &peak, &failed[sd.kind]);
+			metric_add(time_m, sd.kind,
+				   span_end(&sp, time_m, (double)iters) / (double)iters);
+			CHECK(side_ctx_sync(&sd));
+			high = side_attr(&sd, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH);
+			metric_add(ratio_m, sd.kind, (double)high / (double)(peak ? peak : 1));
+			metric_add(high_m, sd.kind, (double)high / (double)MiB);
+			side_close(&sd);
+		}
+	}
+	metric_done(ratio_m);
+	metric_done(high_m);
+	metric_done(time_m);
+	for (i = 0; i < N_SIDES; i++)
+		if (failed[i])
+			note("fragmentation: %ld allocations failed on %s (out of memory) and were "
+			     "skipped",
+			     failed[i], side_names[i]);
+	stream_free(s);
+}
+
+/* ---- growth --------------------------------------------------------------------------------- */
+
+static void
+regrow_run(const struct side *sd, size_t size, long n, CUstream s)
+{
+	long i;
+
+	for (i = 0; i < n; i++) {
+		void *p;
+
+		CHECK(side_alloc(sd, &p, size, s));
+		CHECK(side_free(sd, p, s));
+		CHECK(side_sync(sd, s));
+	}
+}
+
+void
+wl_growth(void)
+{
+	static const enum side_kind kinds[] = {SIDE_SOP, SIDE_POOL};
+	long n = scaled(200, 50, 5);
+	CUstream s = stream_new();
+	struct metric *create, *first, *destroy, *regrow;
+	struct side sd[N_SIDES];
+	int n_sides, r, i;
+
+	describe("Fresh pool, release threshold UINT64_MAX: create it, time the first 1 MiB "
+		 "allocation (which maps the first segment), free, synchronize, destroy. Then, "
+		 "threshold 0: allocate 32 MiB, free, synchronize the stream, %ld times per run: "
+		 "each synchronize hands the memory back and the next allocation maps it again.",
+		 n);
+	create = metric_new("growth", "fresh pool", "create", "pool create", "us", 0, false);
+	first = metric_new("growth", "fresh pool", "first allocation (1 MiB)", "host time", "us", 0,
+			   false);
+	destroy = metric_new("growth", "fresh pool", "destroy", "pool destroy", "us", 0, false);
+	for (r = 0; r < opts.reps && budget_left("growth"); r++) {
+		for (i = 0; i < N_OF(kinds); i++) {
+			struct side one;
+			struct span sp;
+			double t0;
+			void *p;
+
+			if (!side_allowed(kinds[i]))
+				continue;
+			t0 = now_ns();
+			if (!side_open(&one, kinds[i], UINT64_MAX, 0))
+				continue;
+			metric_add(create, one.kind, (now_ns() - t0) / 1e3);
+			span_begin(&sp, one.kind);
+			CHECK(side_alloc(&one, &p, MiB, s));
+			metric_add(first, one.kind, span_end(&sp, first, 1) / 1e3);
+			CHECK(side_free(&one, p, s));
+			CHECK(side_sync(&one, s));
+			t0 = now_ns();
+			side_close(&one);
+			metric_add(destroy, kinds[i], (now_ns() - t0) / 1e3);
+		}
+	}
+	metric_done(create);
+	metric_done(first);
+	metric_done(destroy);
+
+	/* Release threshold 0: every synchronize hands the segment back, the next allocation
+	 * maps a new one. */
+	regrow = metric_new("growth", "threshold 0", "32 MiB alloc+free+sync", "regrow", "us/iter",
+			    0, false);
+	n_sides = sides_open(sd, SOP_AND_POOL, 0, 0);
+	for (i = 0; i < n_sides; i++)
+		regrow_run(&sd[i], 32 * MiB, 2, s);
+	for (r = 0; r < opts.reps && budget_left("growth"); r++) {
+		for (i = 0; i < n_sides; i++) {
+			struct span sp;
+
+			span_begin(&sp, sd[i].kind);
+			regrow_run(&sd[i], 32 * MiB, n, s);
+			metric_add(regrow, sd[i].kind,
+				   span_end(&sp, regrow, (double)n) / (double)n / 1e3);
+		}
+	}
+	metric_done(regrow);
+	sides_close(sd, n_sides);
+	stream_free(s);
+}
