@@ -283,6 +283,8 @@ struct sop__sstream {
 	 * another stream subtracts here, where the block was counted), and the highest value since
 	 * the pool last folded the shards (pool.c). Atomic: only a cross-stream free shares them. */
 	_Atomic int64_t used, used_hw;
+	uint64_t last_seq; /* the tag of the latest free into the cache */
+	uint64_t flushed;  /* frees up to here have left the cache (pool lock) */
 	struct sop__bins cache;
 	struct sop__sstream *next; /* pool->streams or pool->spare_streams */
 };
@@ -387,6 +389,9 @@ uint64_t sop__stream_mark(struct sop__stream *st);
 /* After a free tagged seq on the stream (named by handle in the current call): record a probe
  * if one is due. */
 void sop__stream_after_free(struct sop__stream *st, CUstream handle, uint64_t seq, bool pressure);
+/* Record a probe on the stream (named by handle in the current call) now, unless one already
+ * covers frees tagged seq. A failure only loses a chance to learn. */
+void sop__stream_probe(struct sop__stream *st, CUstream handle, uint64_t seq);
 /* Frees on the stream up to epoch are known complete (a synchronization or a probe said so). */
 void sop__stream_completed(struct sop__stream *st, uint64_t epoch);
 /* Query the stream's pending probes; returns the epoch up to which its frees are complete. */

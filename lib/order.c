@@ -150,6 +150,15 @@ sop__stream_after_free(struct sop__stream *st, CUstream handle, uint64_t seq, bo
 	pthread_mutex_unlock(&st->lock);
 }
 
+void
+sop__stream_probe(struct sop__stream *st, CUstream handle, uint64_t seq)
+{
+	pthread_mutex_lock(&st->lock);
+	if (atomic_load(&st->newest) < seq)
+		(void)probe_record(st, handle);
+	pthread_mutex_unlock(&st->lock);
+}
+
 /* Query the pending probes, oldest first, and stop at the first still running: probes on one
  * stream complete in order. Stream lock held. */
 static void

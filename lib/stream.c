@@ -438,7 +438,7 @@ cache_take(struct sop__sstream *o, struct sop__block *b)
 /* Follow event dependencies: memory freed on another stream whose free the allocating stream is
  * already ordered after. Pool lock held. */
 static struct sop__block *
-take_followed(struct sop_pool *pool, struct sop__sstream *ss, size_t size)
+take_followed(struct sop_pool *pool, struct sop__sstream *ss, size_t size, size_t limit)
 {
 	struct sop__sstream *o;
 
@@ -453,7 +453,7 @@ take_followed(struct sop_pool *pool, struct sop__sstream *ss, size_t size)
 			continue;
 		sop__lock_take(&o->lock);
 		b = cache_find_covered(o, size, dep);
-		if (b)
+		if (b && b->size <= limit)
 			return cache_take(o, b);
 		sop__lock_drop(&o->lock);
 	}
@@ -510,6 +510,48 @@ take_with_wait(struct sop_pool *pool, struct sop__sstream *ss, CUstream stream, 
 	return NULL;
 }
 
+/* Flush what the stream's probes have newly seen complete. Pool lock held. */
+static void
+own_flush(struct sop__sstream *ss)
+{
+	uint64_t done = sop__stream_poll(ss->st);
+
+	if (done > ss->flushed) {
+		sop__sstream_flush(ss, done);
+		ss->flushed = done;
+	}
+}
+
+/* Return a block best_take took, unused, to the bins it came from. Pool lock held. */
+static void
+put_back(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b)
+{
+	if (sop__block_state(b) == SOP_BLOCK_CACHED) {
+		sop__lock_take(&ss->lock);
+		sop__bins_insert(&ss->cache, b);
+		sop__lock_drop(&ss->lock);
+	} else {
+		sop__bins_insert(&pool->heap, b);
+	}
+}
+
+/* The smaller of the best fits in the stream's cache and in the heap, taken out of its bins.
+ * Pool and stream locks held. */
+static struct sop__block *
+best_take(struct sop_pool *pool, struct sop__sstream *ss, size_t size)
+{
+	struct sop__block *mine = sop__bins_find(&ss->cache, size);
+	struct sop__block *any = sop__bins_find(&pool->heap, size);
+
+	if (mine && (!any || mine->size <= any->size)) {
+		sop__bins_remove(&ss->cache, mine);
+		return mine;
+	}
+	if (any)
+		sop__bins_remove(&pool->heap, any);
+	return any;
+}
+
 static CUresult
 alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream stream,
 	   size_t size, size_t req, void **ptr)
@@ -519,37 +561,61 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 	bool stale = false;
 
 	pthread_mutex_lock(&pool->lock);
-	/* 1. What this stream freed: safe for it whatever else is pending. */
 	sop__lock_take(&ss->lock);
-	if (ss->id != id)
-		stale = true;
-	else if (!(b = bins_take(&ss->cache, size)) && ss->cache.n_bytes >= size) {
-		/* 2. The stream's pieces joined with free neighbours. */
-		cache_coalesce(pool, ss);
-		b = bins_take(&ss->cache, size);
-	}
+	stale = ss->id != id;
 	sop__lock_drop(&ss->lock);
 	if (stale) {
 		pthread_mutex_unlock(&pool->lock);
 		return CUDA_ERROR_NOT_FOUND; /* caller looks the stream up again */
 	}
-	/* 3. Memory this stream is already ordered after, through events. Like the driver, prefer
-	 * freed blocks to carving fresh space: the best fit is usually a block just freed. */
-	if (!b && atomic_load(&pool->reuse_follow))
-		b = take_followed(pool, ss, size);
-	/* 4. Memory whose free has been seen to complete goes to the heap, merged with free
-	 * neighbours; 5. then the heap, which every stream may use. */
-	if (!b && atomic_load(&pool->reuse_opportunistic))
+	/* 1. Frees that probes have seen complete go to the heap, where they merge with their free
+	 * neighbours (and whole segments become free to reshape): this stream's own, and, with the
+	 * opportunistic policy, other streams'. */
+	own_flush(ss);
+	if (atomic_load(&pool->reuse_opportunistic))
 		flush_observed(pool, ss);
-	if (!b)
-		b = bins_take(&pool->heap, size);
-	/* 6. More physical memory, in place of idle segments too small or too scattered to serve
+	/* 2. The best fit among the blocks this stream may use: what it freed itself (safe for it
+	 * whatever else is pending), the heap (safe for anyone), and, with the follow policy,
+	 * what other streams freed before an event this stream waited on. The driver's pool
+	 * appears to choose the same way: a block of the right size just freed beats fresh space. */
+	sop__lock_take(&ss->lock);
+	b = best_take(pool, ss, size);
+	sop__lock_drop(&ss->lock);
+	if (atomic_load(&pool->reuse_follow)) {
+		struct sop__block *f = take_followed(pool, ss, size, b ? b->size : SIZE_MAX);
+		if (f) {
+			if (b)
+				put_back(pool, ss, b);
+			b = f;
+		}
+	}
+	/* 3. Failing all of those, the stream's pieces joined with their free neighbours. */
+	if (!b) {
+		sop__lock_take(&ss->lock);
+		if (ss->cache.n_bytes >= size) {
+			cache_coalesce(pool, ss);
+			b = bins_take(&ss->cache, size);
+		}
+		sop__lock_drop(&ss->lock);
+	}
+	/* 4. Before paying for growth, leave a probe on this stream, so that the next time its
+	 * pending frees can be known complete, merged and reshaped (step 1): only memory known
+	 * complete may be unmapped. */
+	if (!b) {
+		uint64_t last;
+		sop__lock_take(&ss->lock);
+		last = ss->cache.n_blocks ? ss->last_seq : 0;
+		sop__lock_drop(&ss->lock);
+		if (last)
+			sop__stream_probe(ss->st, stream, last);
+	}
+	/* 5. More physical memory, in place of idle segments too small or too scattered to serve
 	 * the request. */
 	if (!b) {
 		sop__heap_recycle(pool, sop__round_up(size, pool->granularity));
 		r = sop__heap_grow(pool, size);
 		if (r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reserved)) {
-			/* 7. Idle segments given back to make room for one that fits. */
+			/* 6. Idle segments given back to make room for one that fits. */
 			if (sop__heap_release(pool, 0, 0) == CUDA_SUCCESS)
 				r = sop__heap_grow(pool, size);
 		}
@@ -558,7 +624,7 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 		else if (r == CUDA_ERROR_OUT_OF_MEMORY)
 			atomic_store(&pool->pressure, true);
 	}
-	/* 8. Memory still pending on another stream, with a wait inserted. */
+	/* 7. Memory still pending on another stream, with a wait inserted. */
 	if (!b && r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reuse_internal))
 		b = take_with_wait(pool, ss, stream, size);
 	if (b) {
@@ -570,6 +636,15 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 	}
 	pthread_mutex_unlock(&pool->lock);
 	return r;
+}
+
+/* A stream's cache holds many blocks or much memory: worth learning when its frees complete.
+ * A loop that frees and reallocates keeps one or two blocks there and never gets here. Lock
+ * held. */
+static inline bool
+cache_hoards(const struct sop__sstream *ss)
+{
+	return ss->cache.n_blocks >= 32 || ss->cache.n_bytes >= ((size_t)256 << 20);
 }
 
 /* Accept a cached block on the hot path if it wastes at most an eighth of the request; larger
@@ -629,6 +704,7 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 	struct sop__sstream *ss;
 	uint64_t seq;
 	CUresult r;
+	bool hoard;
 	int tries;
 
 	if (!b || atomic_load_explicit(&b->tag, memory_order_acquire) != alloc_tag)
@@ -656,12 +732,17 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 			 * that advances the epoch past this value comes after that work. */
 			seq = atomic_load(&ss->st->epoch);
 			b->seq = seq;
+			ss->last_seq = seq;
 			sop__bins_insert(&ss->cache, b);
+			hoard = cache_hoards(ss);
 			sop__lock_drop(&ss->lock);
-			if (sop__streams_interact() && (atomic_load_explicit(&pool->reuse_opportunistic,
-									     memory_order_relaxed) ||
-							atomic_load_explicit(&pool->reuse_internal,
-									     memory_order_relaxed)))
+			/* Probes, now and then: when other streams may want what this one frees, or
+			 * when this stream holds so much pending memory that only knowing it complete
+			 * lets the pool merge and reshape it. */
+			if (hoard || (sop__streams_interact() &&
+				      (atomic_load_explicit(&pool->reuse_opportunistic,
+							    memory_order_relaxed) ||
+				       atomic_load_explicit(&pool->reuse_internal, memory_order_relaxed))))
 				sop__stream_after_free(ss->st, stream, seq, pool_pressed(pool));
 			return CUDA_SUCCESS;
 		}

@@ -119,12 +119,12 @@ trim(CUstream s)
 	for (i = 0; i < 4; i++)
 		TH_OK(sop_malloc_from_pool_async(&p[i], 32 * MiB, pool, s));
 	TH_EQ(reserved(pool), 128 * MiB);
-	for (i = 0; i < 4; i++)
-		TH_OK(sop_free_async(p[i], s));
 	/* Pending frees are in use: trimming releases nothing. */
 	th_gate_init(&gate);
-	TH_OK(sop_malloc_from_pool_async(&p[0], MiB, pool, s)); /* reuses a pending block */
 	th_gate_block(&gate, s);
+	for (i = 0; i < 4; i++)
+		TH_OK(sop_free_async(p[i], s));
+	TH_OK(sop_malloc_from_pool_async(&p[0], MiB, pool, s)); /* reuses a pending block */
 	TH_OK(sop_free_async(p[0], s));
 	TH_OK(sop_trim_to(pool, 0));
 	TH_EQ(reserved(pool), 128 * MiB);
