@@ -323,6 +323,9 @@ struct sop__tcache *sop__tcache_slow(void);
 /* The stream's id and context. CUDA_ERROR_INVALID_CONTEXT for a special stream with no
  * current context, or the driver's code for a bad handle. */
 CUresult sop__stream_identify(CUstream stream, uint64_t *id, CUcontext *ctx);
+/* The stream's record (order.c), cached per thread. */
+struct sop__stream;
+CUresult sop__stream_lookup(CUstream stream, struct sop__stream **out);
 /* Find or make the pool's state for stream; the thread-local cache makes this a few loads. */
 CUresult sop__sstream_get(struct sop_pool *pool, CUstream stream, struct sop__stream_ref *out);
 /* The pool's state for a stream id, or NULL. Pool lock held. */

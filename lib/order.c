@@ -358,17 +358,14 @@ sop__event_record(CUevent ev, CUstream stream)
 	struct sop__clock clock;
 	struct sop__stream *st;
 	struct event_entry *e;
-	CUcontext ctx;
 	unsigned shard;
-	uint64_t id;
 	CUresult r;
 
-	r = sop__stream_identify(stream, &id, &ctx);
+	r = sop__stream_lookup(stream, &st);
+	if (r == CUDA_ERROR_OUT_OF_MEMORY)
+		return SOP_DRV(cuEventRecord)(ev, stream); /* no host memory: no dependency */
 	if (r != CUDA_SUCCESS)
 		return r;
-	st = sop__stream_record(id, ctx);
-	if (!st)
-		return SOP_DRV(cuEventRecord)(ev, stream); /* no host memory: no dependency */
 	pthread_mutex_lock(&st->lock);
 	clock = st->deps;
 	deps_add(&clock, st, sop__stream_mark(st));
@@ -421,8 +418,6 @@ sop__event_wait(CUstream stream, CUevent ev, unsigned int flags)
 {
 	struct sop__clock clock;
 	struct sop__stream *t;
-	CUcontext ctx;
-	uint64_t id;
 	unsigned i;
 	bool known;
 	CUresult r;
@@ -432,10 +427,7 @@ sop__event_wait(CUstream stream, CUevent ev, unsigned int flags)
 	if (r != CUDA_SUCCESS || !known || !clock.n)
 		return r;
 	/* The wait is enqueued: the stream's later work is ordered after the event's clock. */
-	if (sop__stream_identify(stream, &id, &ctx) != CUDA_SUCCESS)
-		return r;
-	t = sop__stream_record(id, ctx);
-	if (!t)
+	if (sop__stream_lookup(stream, &t) != CUDA_SUCCESS)
 		return r;
 	pthread_mutex_lock(&t->lock);
 	for (i = 0; i < clock.n; i++)

@@ -97,9 +97,18 @@ struct tls_entry {
 	struct sop__stream_ref ref;
 };
 
+struct rec_entry {
+	CUstream handle;
+	CUcontext ctx; /* current context, for special handles only */
+	struct sop__stream *st;
+};
+
+#define REC_WAYS 8
+
 struct sop__tcache {
 	struct tls_entry streams[TLS_WAYS];
 	struct sop__dev_entry devices[SOP_DEV_WAYS];
+	struct rec_entry records[REC_WAYS];
 };
 
 static __thread struct sop__tcache *tcache __attribute__((tls_model("initial-exec")));
@@ -146,6 +155,43 @@ sop__dev_cache(void)
 	struct sop__tcache *c = tcache_get();
 
 	return c ? c->devices : NULL;
+}
+
+/* The record of a stream (order.c), through the thread's cache: events name streams on every
+ * call, and asking the driver who a stream is costs two calls. Records live for the process, so
+ * an entry can never dangle. */
+CUresult
+sop__stream_lookup(CUstream stream, struct sop__stream **out)
+{
+	struct sop__tcache *c = tcache_get();
+	struct rec_entry *e = NULL;
+	CUcontext cur = NULL, ctx;
+	uint64_t id;
+	CUresult r;
+
+	if (stream_special(stream)) {
+		r = SOP_DRV(cuCtxGetCurrent)(&cur);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (!cur)
+			return CUDA_ERROR_INVALID_CONTEXT;
+	}
+	if (c) {
+		e = &c->records[((uintptr_t)stream >> 4 ^ (uintptr_t)stream) % REC_WAYS];
+		if (e->st && e->handle == stream && e->ctx == cur) {
+			*out = e->st;
+			return CUDA_SUCCESS;
+		}
+	}
+	r = sop__stream_identify(stream, &id, &ctx);
+	if (r != CUDA_SUCCESS)
+		return r;
+	*out = sop__stream_record(id, ctx);
+	if (!*out)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	if (e)
+		*e = (struct rec_entry){stream, cur, *out};
+	return CUDA_SUCCESS;
 }
 
 static inline unsigned
