@@ -27,6 +27,10 @@ if ! command -v meson >/dev/null || ! command -v ninja >/dev/null; then
 	fi
 	command -v meson >/dev/null || { python3 -m pip install --user -q meson ninja; export PATH="$HOME/.local/bin:$PATH"; }
 fi
+# Meson may be only a Python module (pip's wheel without its script on PATH).
+if ! command -v meson >/dev/null && python3 -c 'import mesonbuild' 2>/dev/null; then
+	meson() { python3 -m mesonbuild.mesonmain "$@"; }
+fi
 [ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release -Dtests=false >/dev/null
 ninja -C "$build" >/dev/null
 

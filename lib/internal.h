@@ -309,7 +309,7 @@ struct sop__stream_ref {
 };
 
 /* The per-thread cache of which device a stream belongs to (used by sop.c). */
-#define SOP_DEV_WAYS 8
+#define SOP_DEV_WAYS 32
 struct sop__dev_entry {
 	CUstream handle;
 	CUcontext ctx;

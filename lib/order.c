@@ -91,10 +91,8 @@ sop__stream_mark(struct sop__stream *st)
 
 /* ---- Probes ------------------------------------------------------------------------------- */
 
-/* One probe every this many frees on a stream, or sooner when the last one is known complete
- * or the pool is full (then every free is covered, for internal dependencies). */
+/* One probe every this many frees on a stream, or sooner (see sop__stream_after_free). */
 #define PROBE_EVERY 64
-#define PROBE_AGAIN 1
 
 static CUresult
 probe_record(struct sop__stream *st, CUstream handle)
@@ -138,10 +136,15 @@ sop__stream_after_free(struct sop__stream *st, CUstream handle, uint64_t seq, bo
 
 	if (newest >= seq)
 		return; /* a probe recorded since covers this free */
+	/* Also when the newest probe is known complete and the stream has been marked since (a
+	 * synchronization or an event): then the stream went quiet after a burst, and this free
+	 * would otherwise wait 64 more for a probe. Completions learnt between marks, by queries,
+	 * never trigger this: they would turn every free into a probe. */
 	due = pressure       /* a full pool: cover every free, for internal dependencies */
 	      || !newest     /* never probed: the first free gets one */
 	      || since >= PROBE_EVERY ||
-	      (since >= PROBE_AGAIN && atomic_load_explicit(&st->done, memory_order_relaxed) >= newest);
+	      (atomic_load_explicit(&st->done, memory_order_relaxed) >= newest &&
+	       atomic_load_explicit(&st->epoch, memory_order_relaxed) > newest + 1);
 	if (!due)
 		return;
 	pthread_mutex_lock(&st->lock);

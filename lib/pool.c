@@ -489,16 +489,13 @@ CUresult
 sop__sync_stream(CUstream stream)
 {
 	struct sync_mark mark;
-	CUcontext ctx;
-	uint64_t id;
 	CUresult r;
 
-	r = sop__stream_identify(stream, &id, &ctx);
+	r = sop__stream_lookup(stream, &mark.st);
+	if (r == CUDA_ERROR_OUT_OF_MEMORY)
+		return SOP_DRV(cuStreamSynchronize)(stream);
 	if (r != CUDA_SUCCESS)
 		return r;
-	mark.st = sop__stream_record(id, ctx);
-	if (!mark.st)
-		return SOP_DRV(cuStreamSynchronize)(stream);
 	/* Frees tagged up to this epoch were called before the synchronize. */
 	mark.epoch = sop__stream_mark(mark.st);
 	r = SOP_DRV(cuStreamSynchronize)(stream);

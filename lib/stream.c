@@ -88,7 +88,8 @@ sstream_new(struct sop_pool *pool, uint64_t id, CUcontext ctx, struct sop__strea
  * The cache is reached through one initial-exec thread-local pointer: a library's own
  * thread-local arrays would cost a __tls_get_addr call per access, and eight bytes of static TLS
  * fit even when the library is loaded with dlopen. */
-#define TLS_WAYS 16
+#define TLS_SETS 16
+#define TLS_ASSOC 4 /* a thread driving 16 streams keeps them all */
 
 struct tls_entry {
 	struct sop_pool *pool;
@@ -103,10 +104,10 @@ struct rec_entry {
 	struct sop__stream *st;
 };
 
-#define REC_WAYS 8
+#define REC_WAYS 64
 
 struct sop__tcache {
-	struct tls_entry streams[TLS_WAYS];
+	struct tls_entry streams[TLS_SETS][TLS_ASSOC]; /* most recent first in each set */
 	struct sop__dev_entry devices[SOP_DEV_WAYS];
 	struct rec_entry records[REC_WAYS];
 };
@@ -199,7 +200,7 @@ tls_slot(struct sop_pool *pool, CUstream stream)
 {
 	uintptr_t h = (uintptr_t)pool ^ ((uintptr_t)stream * 0x9E3779B97F4A7C15u);
 
-	return (unsigned)(h >> 7 ^ h >> 17) & (TLS_WAYS - 1);
+	return (unsigned)(h >> 7 ^ h >> 17) & (TLS_SETS - 1);
 }
 
 static CUresult
@@ -229,18 +230,24 @@ sstream_lookup(struct sop_pool *pool, CUstream stream, struct sop__stream_ref *o
 	return CUDA_SUCCESS;
 }
 
+static inline bool
+tls_match(const struct tls_entry *e, struct sop_pool *pool, CUstream stream, CUcontext cur)
+{
+	return e->pool == pool && e->handle == stream && e->ctx == cur && e->ref.ss;
+}
+
 CUresult
 sop__sstream_get(struct sop_pool *pool, CUstream stream, struct sop__stream_ref *out)
 {
 	struct sop__tcache *c = tcache_get();
-	struct tls_entry *e;
+	struct tls_entry *set, hit;
 	CUcontext cur = NULL;
 	CUresult r;
+	int w;
 
 	if (SOP_UNLIKELY(!c))
 		return sstream_lookup(pool, stream, out); /* no host memory for a cache */
-	e = &c->streams[tls_slot(pool, stream)];
-
+	set = c->streams[tls_slot(pool, stream)];
 	if (stream_special(stream)) {
 		r = SOP_DRV(cuCtxGetCurrent)(&cur);
 		if (r != CUDA_SUCCESS)
@@ -248,17 +255,27 @@ sop__sstream_get(struct sop_pool *pool, CUstream stream, struct sop__stream_ref 
 		if (!cur)
 			return CUDA_ERROR_INVALID_CONTEXT;
 	}
-	if (SOP_LIKELY(e->pool == pool && e->handle == stream && e->ctx == cur && e->ref.ss)) {
-		*out = e->ref;
+	if (SOP_LIKELY(tls_match(&set[0], pool, stream, cur))) {
+		*out = set[0].ref;
 		return CUDA_SUCCESS;
+	}
+	for (w = 1; w < TLS_ASSOC; w++) {
+		if (tls_match(&set[w], pool, stream, cur)) {
+			hit = set[w];
+			memmove(&set[1], &set[0], (size_t)w * sizeof *set);
+			set[0] = hit;
+			*out = hit.ref;
+			return CUDA_SUCCESS;
+		}
 	}
 	r = sstream_lookup(pool, stream, out);
 	if (r != CUDA_SUCCESS)
 		return r;
-	e->pool = pool;
-	e->handle = stream;
-	e->ctx = cur;
-	e->ref = *out;
+	memmove(&set[1], &set[0], (TLS_ASSOC - 1) * sizeof *set);
+	set[0].pool = pool;
+	set[0].handle = stream;
+	set[0].ctx = cur;
+	set[0].ref = *out;
 	return CUDA_SUCCESS;
 }
 
@@ -267,10 +284,13 @@ static void
 tls_drop(struct sop_pool *pool, CUstream stream)
 {
 	struct sop__tcache *c = tcache;
-	struct tls_entry *e = c ? &c->streams[tls_slot(pool, stream)] : NULL;
+	int w;
 
-	if (e && e->pool == pool && e->handle == stream)
-		e->ref.ss = NULL;
+	for (w = 0; c && w < TLS_ASSOC; w++) {
+		struct tls_entry *e = &c->streams[tls_slot(pool, stream)][w];
+		if (e->pool == pool && e->handle == stream)
+			e->ref.ss = NULL;
+	}
 }
 
 /* Every cached block of a stream, gathered so the caller may change the bins while it walks.
@@ -556,6 +576,14 @@ take_with_wait(struct sop_pool *pool, struct sop__sstream *ss, CUstream stream, 
 	return NULL;
 }
 
+/* Accept a cached block on the hot path if it wastes at most an eighth of the request; larger
+ * ones are carved on the slow path. */
+static inline size_t
+close_limit(size_t size)
+{
+	return size + (size >> 3);
+}
+
 /* Flush what the stream's probes have newly seen complete. Pool lock held. */
 static void
 own_flush(struct sop__sstream *ss)
@@ -614,19 +642,27 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 		pthread_mutex_unlock(&pool->lock);
 		return CUDA_ERROR_NOT_FOUND; /* caller looks the stream up again */
 	}
-	/* 1. Frees that probes have seen complete go to the heap, where they merge with their free
-	 * neighbours (and whole segments become free to reshape): this stream's own, and, with the
-	 * opportunistic policy, other streams'. */
-	own_flush(ss);
-	if (atomic_load(&pool->reuse_opportunistic))
-		flush_observed(pool, ss);
-	/* 2. The best fit among the blocks this stream may use: what it freed itself (safe for it
+	/* 1. The best fit among the blocks this stream may use: what it freed itself (safe for it
 	 * whatever else is pending), the heap (safe for anyone), and, with the follow policy,
 	 * what other streams freed before an event this stream waited on. The driver's pool
-	 * appears to choose the same way: a block of the right size just freed beats fresh space. */
+	 * appears to choose the same way: a block of the right size just freed beats fresh space.
+	 * If none fits closely, first learn what has completed (it costs queries): frees that
+	 * probes have seen complete go to the heap, where they merge with their free neighbours and
+	 * whole segments become free to reshape; this stream's own, and, with the opportunistic
+	 * policy, other streams'. */
 	sop__lock_take(&ss->lock);
 	b = best_take(pool, ss, size);
 	sop__lock_drop(&ss->lock);
+	if (!b || b->size > close_limit(size)) {
+		if (b)
+			put_back(pool, ss, b);
+		own_flush(ss);
+		if (atomic_load(&pool->reuse_opportunistic))
+			flush_observed(pool, ss);
+		sop__lock_take(&ss->lock);
+		b = best_take(pool, ss, size);
+		sop__lock_drop(&ss->lock);
+	}
 	if (atomic_load(&pool->reuse_follow)) {
 		struct sop__block *f = take_followed(pool, ss, size, b ? b->size : SIZE_MAX);
 		if (f) {
@@ -635,7 +671,7 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 			b = f;
 		}
 	}
-	/* 3. Failing all of those, the stream's pieces joined with their free neighbours. */
+	/* 2. Failing all of those, the stream's pieces joined with their free neighbours. */
 	if (!b) {
 		sop__lock_take(&ss->lock);
 		if (ss->cache.n_bytes >= size) {
@@ -644,7 +680,7 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 		}
 		sop__lock_drop(&ss->lock);
 	}
-	/* 4. Before paying for growth, leave a probe on this stream, so that the next time its
+	/* 3. Before paying for growth, leave a probe on this stream, so that the next time its
 	 * pending frees can be known complete, merged and reshaped (step 1): only memory known
 	 * complete may be unmapped. */
 	if (!b) {
@@ -655,13 +691,13 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 		if (last)
 			sop__stream_probe(ss->st, stream, last);
 	}
-	/* 5. More physical memory, in place of idle segments too small or too scattered to serve
+	/* 4. More physical memory, in place of idle segments too small or too scattered to serve
 	 * the request. */
 	if (!b) {
 		sop__heap_recycle(pool, sop__round_up(size, pool->granularity));
 		r = sop__heap_grow(pool, size);
 		if (r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reserved)) {
-			/* 6. Idle segments given back to make room for one that fits. */
+			/* 5. Idle segments given back to make room for one that fits. */
 			if (sop__heap_release(pool, 0, 0) == CUDA_SUCCESS)
 				r = sop__heap_grow(pool, size);
 		}
@@ -670,7 +706,7 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 		else if (r == CUDA_ERROR_OUT_OF_MEMORY)
 			atomic_store(&pool->pressure, true);
 	}
-	/* 7. Memory still pending on another stream, with a wait inserted. */
+	/* 6. Memory still pending on another stream, with a wait inserted. */
 	if (!b && r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reuse_internal))
 		b = take_with_wait(pool, ss, stream, size);
 	if (b) {
@@ -693,13 +729,6 @@ cache_hoards(const struct sop__sstream *ss)
 	return ss->cache.n_blocks >= 32 || ss->cache.n_bytes >= ((size_t)256 << 20);
 }
 
-/* Accept a cached block on the hot path if it wastes at most an eighth of the request; larger
- * ones are carved on the slow path. */
-static inline size_t
-close_limit(size_t size)
-{
-	return size + (size >> 3);
-}
 
 CUresult
 sop__alloc(struct sop_pool *pool, CUstream stream, size_t req, void **ptr)
