@@ -54,7 +54,16 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **ou
 	pool->props = *props;
 	pool->device = props->location.id;
 	pool->is_default = is_default;
-	pthread_mutex_init(&pool->lock, NULL);
+	{
+		/* The pool lock is held for a few hundred nanoseconds at a time (the slow path),
+		 * and many threads may want it: spinning a little before sleeping beats a futex
+		 * round trip. Held across driver calls only on growth and release. */
+		pthread_mutexattr_t attr;
+		pthread_mutexattr_init(&attr);
+		pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
+		pthread_mutex_init(&pool->lock, &attr);
+		pthread_mutexattr_destroy(&attr);
+	}
 	atomic_init(&pool->reuse_follow, 1);
 	atomic_init(&pool->reuse_opportunistic, 1);
 	atomic_init(&pool->reuse_internal, 1);

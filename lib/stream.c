@@ -584,6 +584,11 @@ close_limit(size_t size)
 	return size + (size >> 3);
 }
 
+/* Requests of at least this size ask what has completed before carving a loose fit: for them
+ * reusing a block just freed beats splitting a large free range. Smaller ones carve without
+ * asking, unless nothing fits at all. */
+#define POLL_MIN ((size_t)2 << 20)
+
 /* Flush what the stream's probes have newly seen complete. Pool lock held. */
 static void
 own_flush(struct sop__sstream *ss)
@@ -646,14 +651,16 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 	 * whatever else is pending), the heap (safe for anyone), and, with the follow policy,
 	 * what other streams freed before an event this stream waited on. The driver's pool
 	 * appears to choose the same way: a block of the right size just freed beats fresh space.
-	 * If none fits closely, first learn what has completed (it costs queries): frees that
+	 * If none fits closely and the request is large (small ones carve free space without
+	 * asking), or if nothing fits at all, first learn what has completed (it costs queries):
+	 * frees that
 	 * probes have seen complete go to the heap, where they merge with their free neighbours and
 	 * whole segments become free to reshape; this stream's own, and, with the opportunistic
 	 * policy, other streams'. */
 	sop__lock_take(&ss->lock);
 	b = best_take(pool, ss, size);
 	sop__lock_drop(&ss->lock);
-	if (!b || b->size > close_limit(size)) {
+	if (!b || (b->size > close_limit(size) && size >= POLL_MIN)) {
 		if (b)
 			put_back(pool, ss, b);
 		own_flush(ss);
