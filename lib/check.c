@@ -104,10 +104,14 @@ sop__pool_check(struct sop_pool *pool)
 	{
 		/* The watermark, folded or still in the shards, is at least the current value. */
 		int64_t hw = 0;
-		for (ss = pool->streams; ss; ss = ss->next)
-			hw += atomic_load(&ss->used_hw);
-		for (ss = pool->spare_streams; ss; ss = ss->next)
-			hw += atomic_load(&ss->used_hw);
+		struct sop__sstream *lists[2] = {pool->streams, pool->spare_streams};
+		for (int i = 0; i < 2; i++) {
+			for (ss = lists[i]; ss; ss = ss->next) {
+				sop__lock_take(&ss->lock);
+				hw += ss->used_hw;
+				sop__lock_drop(&ss->lock);
+			}
+		}
 		CHECK(used <= pool->used_high || (int64_t)used <= hw);
 	}
 	line = bins_check(&pool->heap, SOP_BLOCK_FREE, NULL);

@@ -279,10 +279,12 @@ struct sop__sstream {
 	CUcontext ctx;          /* the stream's context */
 	uint64_t id;            /* cuStreamGetId: unique for the process's lifetime; 0 once retired */
 	struct sop__stream *st; /* the stream's record (order.c) */
-	/* Used memory, sharded: bytes allocated on this stream and not yet freed (a free on
-	 * another stream subtracts here, where the block was counted), and the highest value since
-	 * the pool last folded the shards (pool.c). Atomic: only a cross-stream free shares them. */
-	_Atomic int64_t used, used_hw;
+	/* Used memory, sharded: bytes allocated on this stream and not yet freed, and the highest
+	 * value since the pool last folded the shards (pool.c). used_local and used_hw change only
+	 * under the lock, so a same-stream allocation and free cost no atomic operation; a free on
+	 * another stream, or sop_free, subtracts from used_remote instead. */
+	int64_t used_local, used_hw;
+	_Atomic int64_t used_remote;
 	uint64_t last_seq; /* the tag of the latest free into the cache */
 	uint64_t flushed;  /* frees up to here have left the cache (pool lock) */
 	struct sop__bins cache;
@@ -463,25 +465,35 @@ struct sop_pool {
 
 /* Used memory is counted per stream state (struct sop__sstream), never in one shared counter:
  * the hot path of each stream touches only its own cache lines. */
+static inline int64_t
+sop__sstream_used(struct sop__sstream *ss)
+{
+	return ss->used_local + atomic_load_explicit(&ss->used_remote, memory_order_relaxed);
+}
+
+/* Count an allocation of req bytes on ss. Its lock held. */
 static inline void
 sop__used_add(struct sop__sstream *ss, struct sop__block *b, size_t req)
 {
-	int64_t now = atomic_fetch_add_explicit(&ss->used, (int64_t)req, memory_order_relaxed) +
-		      (int64_t)req;
-	int64_t hw = atomic_load_explicit(&ss->used_hw, memory_order_relaxed);
+	int64_t now;
 
-	while (now > hw && !atomic_compare_exchange_weak_explicit(&ss->used_hw, &hw, now,
-								  memory_order_relaxed,
-								  memory_order_relaxed))
-		;
+	ss->used_local += (int64_t)req;
+	now = sop__sstream_used(ss);
+	if (now > ss->used_hw)
+		ss->used_hw = now;
 	b->alloc_ss = ss;
 	b->req = req;
 }
 
+/* Uncount a free; ss is the freeing stream's state with its lock held, or NULL. */
 static inline void
-sop__used_sub(struct sop__block *b)
+sop__used_sub(struct sop__block *b, struct sop__sstream *ss)
 {
-	atomic_fetch_sub_explicit(&b->alloc_ss->used, (int64_t)b->req, memory_order_relaxed);
+	if (b->alloc_ss == ss)
+		ss->used_local -= (int64_t)b->req;
+	else
+		atomic_fetch_sub_explicit(&b->alloc_ss->used_remote, (int64_t)b->req,
+					  memory_order_relaxed);
 	b->req = 0;
 }
 

@@ -135,11 +135,12 @@ sop__pool_used(struct sop_pool *pool, bool fold)
 			/* Under the stream's lock, so that its allocations do not move the high
 			 * between the read and the restart. */
 			sop__lock_take(&ss->lock);
-			int64_t u = atomic_load_explicit(&ss->used, memory_order_relaxed);
+			int64_t u = sop__sstream_used(ss);
 			used += u;
-			high += atomic_load_explicit(&ss->used_hw, memory_order_relaxed);
+			/* A cross-stream free may have taken the shard below its high since. */
+			high += ss->used_hw > u ? ss->used_hw : u;
 			if (fold)
-				atomic_store_explicit(&ss->used_hw, u, memory_order_relaxed);
+				ss->used_hw = u;
 			sop__lock_drop(&ss->lock);
 		}
 	}

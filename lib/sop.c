@@ -325,7 +325,7 @@ sop_free(void *ptr)
 		pthread_mutex_unlock(&pool->lock);
 		return CUDA_ERROR_INVALID_VALUE;
 	}
-	sop__used_sub(b);
+	sop__used_sub(b, NULL);
 	sop__heap_put(pool, b);
 	if (!sop__pool_reap(pool))
 		pthread_mutex_unlock(&pool->lock);

@@ -718,7 +718,9 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 		b = take_with_wait(pool, ss, stream, size);
 	if (b) {
 		sop__block_carve(pool, b, size);
+		sop__lock_take(&ss->lock); /* the used-memory shard */
 		block_hand_out(ss, b, req, ptr);
+		sop__lock_drop(&ss->lock);
 		r = CUDA_SUCCESS;
 	} else if (r == CUDA_SUCCESS) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -808,7 +810,7 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 				sop__lock_drop(&ss->lock);
 				return CUDA_ERROR_INVALID_VALUE;
 			}
-			sop__used_sub(b);
+			sop__used_sub(b, ss);
 			sop__block_set_owner(b, ss);
 			/* Read after the application's earlier work on the stream was enqueued: a mark
 			 * that advances the epoch past this value comes after that work. */
