@@ -185,7 +185,7 @@ struct sop__block {
 	CUdeviceptr addr;
 	size_t size;     /* multiple of SOP_ALIGN */
 	size_t req;      /* ALLOC: the requested bytes */
-	uint64_t seq;    /* CACHED: the stream's free sequence number at the free */
+	uint64_t seq;    /* CACHED: the stream's epoch at the free */
 	struct sop__block *phys_prev, *phys_next;
 	struct sop__block *free_prev, *free_next;
 	struct sop__segment *seg;
@@ -328,8 +328,6 @@ CUresult sop__stream_identify(CUstream stream, uint64_t *id, CUcontext *ctx);
 /* The stream's record (order.c), cached per thread. */
 struct sop__stream;
 CUresult sop__stream_lookup(CUstream stream, struct sop__stream **out);
-/* Find or make the pool's state for stream; the thread-local cache makes this a few loads. */
-CUresult sop__sstream_get(struct sop_pool *pool, CUstream stream, struct sop__stream_ref *out);
 /* The pool's state for a stream id, or NULL. Pool lock held. */
 struct sop__sstream *sop__sstream_find(struct sop_pool *pool, uint64_t id);
 /* Allocation and free in stream order. */

@@ -236,29 +236,15 @@ tls_match(const struct tls_entry *e, struct sop_pool *pool, CUstream stream, CUc
 	return e->pool == pool && e->handle == stream && e->ctx == cur && e->ref.ss;
 }
 
-CUresult
-sop__sstream_get(struct sop_pool *pool, CUstream stream, struct sop__stream_ref *out)
+/* The rest of sstream_get: other ways of the set, then the pool's list. */
+static __attribute__((noinline)) CUresult
+sstream_get_slow(struct sop_pool *pool, CUstream stream, CUcontext cur, struct tls_entry *set,
+		 struct sop__stream_ref *out)
 {
-	struct sop__tcache *c = tcache_get();
-	struct tls_entry *set, hit;
-	CUcontext cur = NULL;
+	struct tls_entry hit;
 	CUresult r;
 	int w;
 
-	if (SOP_UNLIKELY(!c))
-		return sstream_lookup(pool, stream, out); /* no host memory for a cache */
-	set = c->streams[tls_slot(pool, stream)];
-	if (stream_special(stream)) {
-		r = SOP_DRV(cuCtxGetCurrent)(&cur);
-		if (r != CUDA_SUCCESS)
-			return r;
-		if (!cur)
-			return CUDA_ERROR_INVALID_CONTEXT;
-	}
-	if (SOP_LIKELY(tls_match(&set[0], pool, stream, cur))) {
-		*out = set[0].ref;
-		return CUDA_SUCCESS;
-	}
 	for (w = 1; w < TLS_ASSOC; w++) {
 		if (tls_match(&set[w], pool, stream, cur)) {
 			hit = set[w];
@@ -277,6 +263,42 @@ sop__sstream_get(struct sop_pool *pool, CUstream stream, struct sop__stream_ref 
 	set[0].ctx = cur;
 	set[0].ref = *out;
 	return CUDA_SUCCESS;
+}
+
+/* The current context, for a special stream handle. */
+static __attribute__((noinline)) CUresult
+special_ctx(CUcontext *cur)
+{
+	CUresult r = SOP_DRV(cuCtxGetCurrent)(cur);
+
+	if (r == CUDA_SUCCESS && !*cur)
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	return r;
+}
+
+/* Find or make the pool's state for stream; the thread-local cache makes this a few loads.
+ * Inlined into the hot paths: its hit case is a hash and four compares. */
+static inline __attribute__((always_inline)) CUresult
+sstream_get(struct sop_pool *pool, CUstream stream, struct sop__stream_ref *out)
+{
+	struct sop__tcache *c = tcache_get();
+	struct tls_entry *set;
+	CUcontext cur = NULL;
+	CUresult r;
+
+	if (SOP_UNLIKELY(!c))
+		return sstream_lookup(pool, stream, out); /* no host memory for a cache */
+	set = c->streams[tls_slot(pool, stream)];
+	if (SOP_UNLIKELY(stream_special(stream))) {
+		r = special_ctx(&cur);
+		if (r != CUDA_SUCCESS)
+			return r;
+	}
+	if (SOP_LIKELY(tls_match(&set[0], pool, stream, cur))) {
+		*out = set[0].ref;
+		return CUDA_SUCCESS;
+	}
+	return sstream_get_slow(pool, stream, cur, set, out);
 }
 
 /* Forget the thread's entry for (pool, stream) after it proved stale. */
@@ -752,7 +774,7 @@ sop__alloc(struct sop_pool *pool, CUstream stream, size_t req, void **ptr)
 	if (size < req || size > pool->va_size)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	for (tries = 0; tries < 2; tries++) {
-		r = sop__sstream_get(pool, stream, &ref);
+		r = sstream_get(pool, stream, &ref);
 		if (r != CUDA_SUCCESS)
 			return r;
 		ss = ref.ss;
@@ -795,7 +817,7 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 		return CUDA_ERROR_INVALID_VALUE;
 	/* Resolve the stream before claiming: a bad stream leaves the block allocated. */
 	for (tries = 0; tries < 2; tries++) {
-		r = sop__sstream_get(pool, stream, &ref);
+		r = sstream_get(pool, stream, &ref);
 		if (r != CUDA_SUCCESS)
 			return r;
 		ss = ref.ss;
