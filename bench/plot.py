@@ -68,8 +68,10 @@ def draw_sides(ax, data):
         med = [p[1] for p in pts]
         lo = [p[1] - p[2] for p in pts]
         hi = [p[3] - p[1] for p in pts]
-        ax.errorbar(xs, med, yerr=[lo, hi], label=side, color=COLORS.get(side),
-                    marker=MARKERS.get(side, "o"), capsize=3)
+        base = side.split(",")[0]
+        ax.errorbar(xs, med, yerr=[lo, hi], label=side, color=COLORS.get(base),
+                    marker=MARKERS.get(base, "o"), capsize=3,
+                    linestyle="--" if side.endswith("KiB") else "-")
 
 
 def size_label(n):
@@ -107,8 +109,14 @@ def plot_pair(rows, folder, dev):
 
 
 def plot_threads(rows, folder, dev):
-    agg = by_side(rows, "threads", "aggregate")
-    lat = by_side(rows, "threads", "per-thread latency")
+    groups = sorted({r["group"] for r in rows if r["workload"] == "threads"})
+    agg, lat = {}, {}
+    for g in groups:
+        suffix = ", " + g if g and len(groups) > 1 else ""
+        for side, pts in by_side(rows, "threads", "aggregate", g).items():
+            agg[side + suffix] = pts
+        for side, pts in by_side(rows, "threads", "per-thread latency", g).items():
+            lat[side + suffix] = pts
     if not agg:
         return
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.5))
@@ -125,7 +133,7 @@ def plot_threads(rows, folder, dev):
         ax.legend()
     a1.set_ylabel("M alloc+free pairs/s, all threads")
     a2.set_ylabel("ns per pair, median thread")
-    save(fig, folder, "threads.png", "Scaling by threads: random sizes, 256 live blocks each",
+    save(fig, folder, "threads.png", "Scaling by threads: 256 live blocks each, one stream each",
          dev)
 
 

@@ -328,6 +328,7 @@ struct thr {
 	pthread_barrier_t *bar;
 	double box_ns;
 	size_t max_size;
+	size_t fixed; /* every allocation this size; 0: random sizes up to max_size */
 	int tid;
 	long ops;
 	double ns;
@@ -347,7 +348,8 @@ thr_main(void *arg)
 
 	CHECK(drv.cuCtxSetCurrent(env.ctx));
 	for (i = 0; i < THREAD_LIVE; i++)
-		CHECK(side_alloc(t->sd, &live[i], 1 + rng_below(&rng, t->max_size), t->s));
+		CHECK(side_alloc(t->sd, &live[i],
+				 t->fixed ? t->fixed : 1 + rng_below(&rng, t->max_size), t->s));
 	pthread_barrier_wait(t->bar); /* filled: the main thread reads the counters */
 	pthread_barrier_wait(t->bar); /* go */
 	t0 = now_ns();
@@ -357,7 +359,8 @@ thr_main(void *arg)
 			int k = (int)(x % THREAD_LIVE);
 
 			CHECK(side_free(t->sd, live[k], t->s));
-			CHECK(side_alloc(t->sd, &live[k], 1 + (x >> 20) % t->max_size, t->s));
+			CHECK(side_alloc(t->sd, &live[k],
+					 t->fixed ? t->fixed : 1 + (x >> 20) % t->max_size, t->s));
 		}
 		ops += 16;
 		t1 = now_ns();
@@ -380,7 +383,7 @@ cmp_double(const void *a, const void *b)
 }
 
 static void
-threads_run(const struct side *sd, int n_threads, double box_ns, size_t max_size,
+threads_run(const struct side *sd, int n_threads, double box_ns, size_t max_size, size_t fixed,
 	    const CUstream *streams, struct metric *agg, struct metric *lat)
 {
 	pthread_t th[THREAD_MAX];
@@ -398,6 +401,7 @@ threads_run(const struct side *sd, int n_threads, double box_ns, size_t max_size
 				    .bar = &bar,
 				    .box_ns = box_ns,
 				    .max_size = max_size,
+				    .fixed = fixed,
 				    .tid = i};
 		if (pthread_create(&th[i], NULL, thr_main, &t[i])) {
 			fprintf(stderr, "sop-bench: cannot start thread %d\n", i);
@@ -462,24 +466,34 @@ wl_threads(void)
 	describe(
 	    "Each thread on its own stream, all on one pool: 256 live blocks of 1 B..%zu KiB, "
 	    "then free a random one and allocate a new random size in its place until a time "
-	    "box of %.0f ms ends. Aggregate = all pairs / the slowest thread's time; latency = "
-	    "the median thread's time per pair.",
+	    "box of %.0f ms ends; then the same with every size 4 KiB. Aggregate = all pairs / "
+	    "the slowest thread's time; latency = the median thread's time per pair.",
 	    max_size / KiB, box_ns / 1e6);
-	for (c = 0; c < tl.n && budget_left("threads"); c++) {
-		int n_threads = (int)tl.v[c];
-		struct metric *agg, *lat;
+	/* Random sizes first (the issue's case), then one fixed size: the latter keeps every
+	 * thread on its stream's hot path and shows how that path alone scales. */
+	for (int fixed_case = 0; fixed_case < 2; fixed_case++) {
+		size_t fixed = fixed_case ? 4 * KiB : 0;
+		for (c = 0; c < tl.n && budget_left("threads"); c++) {
+			int n_threads = (int)tl.v[c];
+			struct metric *agg, *lat;
 
-		snprintf(cas, sizeof cas, "%d thread%s", n_threads, n_threads > 1 ? "s" : "");
-		agg = metric_new("threads", "", cas, "aggregate", "M pairs/s", n_threads, true);
-		lat = metric_new("threads", "", cas, "per-thread latency", "ns/pair", n_threads,
-				 false);
-		for (i = 0; i < n; i++)
-			threads_run(&sd[i], n_threads, box_ns / 4, max_size, streams, NULL, NULL);
-		for (r = 0; r < opts.reps; r++)
+			snprintf(cas, sizeof cas, "%d thread%s%s", n_threads, n_threads > 1 ? "s" : "",
+				 fixed ? ", 4 KiB" : "");
+			const char *group = fixed ? "4 KiB" : "random sizes";
+			agg = metric_new("threads", group, cas, "aggregate", "M pairs/s", n_threads,
+					 true);
+			lat = metric_new("threads", group, cas, "per-thread latency", "ns/pair",
+					 n_threads, false);
 			for (i = 0; i < n; i++)
-				threads_run(&sd[i], n_threads, box_ns, max_size, streams, agg, lat);
-		metric_done(agg);
-		metric_done(lat);
+				threads_run(&sd[i], n_threads, box_ns / 4, max_size, fixed, streams,
+					    NULL, NULL);
+			for (r = 0; r < opts.reps; r++)
+				for (i = 0; i < n; i++)
+					threads_run(&sd[i], n_threads, box_ns, max_size, fixed,
+						    streams, agg, lat);
+			metric_done(agg);
+			metric_done(lat);
+		}
 	}
 	sides_close(sd, n);
 	for (i = 0; i < max_t; i++)
