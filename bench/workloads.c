@@ -477,8 +477,7 @@ wl_threads(void)
 			int n_threads = (int)tl.v[c];
 			struct metric *agg, *lat;
 
-			snprintf(cas, sizeof cas, "%d thread%s%s", n_threads, n_threads > 1 ? "s" : "",
-				 fixed ? ", 4 KiB" : "");
+			snprintf(cas, sizeof cas, "%d thread%s", n_threads, n_threads > 1 ? "s" : "");
 			const char *group = fixed ? "4 KiB" : "random sizes";
 			agg = metric_new("threads", group, cas, "aggregate", "M pairs/s", n_threads,
 					 true);
