@@ -399,8 +399,8 @@ void sop__stream_probe(struct sop__stream *st, CUstream handle, uint64_t seq);
 void sop__stream_completed(struct sop__stream *st, uint64_t epoch);
 /* Query the stream's pending probes; returns the epoch up to which its frees are complete. */
 uint64_t sop__stream_poll(struct sop__stream *st);
-/* The epoch of s that t's future work is ordered after (0: none known). */
-uint64_t sop__stream_dep(struct sop__stream *t, struct sop__stream *s);
+/* What t's future work is ordered after, copied. */
+void sop__stream_deps(struct sop__stream *t, struct sop__clock *out);
 /* Make t (named by t_handle) wait for a probe of s that covers seq, and remember it.
  * CUDA_ERROR_NOT_FOUND if no probe covers seq. */
 CUresult sop__stream_wait_for(struct sop__stream *t, CUstream t_handle, struct sop__stream *s,

@@ -257,18 +257,12 @@ deps_add(struct sop__clock *c, struct sop__stream *s, uint64_t epoch)
 	c->e[victim].epoch = epoch;
 }
 
-uint64_t
-sop__stream_dep(struct sop__stream *t, struct sop__stream *s)
+void
+sop__stream_deps(struct sop__stream *t, struct sop__clock *out)
 {
-	uint64_t e = 0;
-	unsigned i;
-
 	pthread_mutex_lock(&t->lock);
-	for (i = 0; i < t->deps.n; i++)
-		if (t->deps.e[i].s == s)
-			e = t->deps.e[i].epoch;
+	*out = t->deps;
 	pthread_mutex_unlock(&t->lock);
-	return e;
 }
 
 CUresult

@@ -524,23 +524,32 @@ cache_take(struct sop__sstream *o, struct sop__block *b)
 }
 
 /* Follow event dependencies: memory freed on another stream whose free the allocating stream is
- * already ordered after. Pool lock held. */
+ * already ordered after. Only the streams in this stream's dependencies are looked at (a stream
+ * that waited on no event costs one lock here, whatever the number of streams). Pool lock
+ * held. */
 static struct sop__block *
 take_followed(struct sop_pool *pool, struct sop__sstream *ss, size_t size, size_t limit)
 {
 	struct sop__sstream *o;
+	struct sop__clock deps;
+	unsigned i;
 
+	sop__stream_deps(ss->st, &deps);
+	if (!deps.n)
+		return NULL;
 	for (o = pool->streams; o; o = o->next) {
 		struct sop__block *b;
-		uint64_t dep;
+		uint64_t dep = 0;
 
-		if (o == ss || sop__sstream_cached(o) < size)
+		if (o == ss)
 			continue;
-		dep = sop__stream_dep(ss->st, o->st);
+		for (i = 0; i < deps.n && !dep; i++)
+			if (deps.e[i].s == o->st)
+				dep = deps.e[i].epoch;
 		if (!dep)
 			continue;
 		sop__lock_take(&o->lock);
-		b = cache_find_covered(o, size, dep);
+		b = o->cache.n_bytes >= size ? cache_find_covered(o, size, dep) : NULL;
 		if (b && b->size <= limit)
 			return cache_take(o, b);
 		sop__lock_drop(&o->lock);
