@@ -287,6 +287,7 @@ struct sop__sstream {
 	_Atomic int64_t used_remote;
 	uint64_t last_seq; /* the tag of the latest free into the cache */
 	uint64_t flushed;  /* frees up to here have left the cache (pool lock) */
+	bool active;       /* allocated or freed on since the last retirement pass */
 	struct sop__bins cache;
 	struct sop__sstream *next; /* pool->streams or pool->spare_streams */
 };

@@ -75,6 +75,7 @@ sstream_new(struct sop_pool *pool, uint64_t id, CUcontext ctx, struct sop__strea
 	ss->ctx = ctx;
 	ss->id = id;
 	ss->st = st;
+	ss->active = true; /* about to be used: not for the next retirement pass */
 	sop__lock_drop(&ss->lock);
 	ss->next = pool->streams;
 	pool->streams = ss;
@@ -370,7 +371,10 @@ sop__sstream_retire_idle(struct sop_pool *pool)
 
 	while ((ss = *pp)) {
 		sop__lock_take(&ss->lock);
-		if (ss->cache.n_blocks) {
+		/* Only a state idle since the last pass goes: one in use would be looked up
+		 * again at once, and threads would chase it. */
+		if (ss->cache.n_blocks || ss->active) {
+			ss->active = false;
 			sop__lock_drop(&ss->lock);
 			pp = &ss->next;
 			continue;
@@ -402,11 +406,17 @@ sop__sstream_destroy_all(struct sop_pool *pool)
 
 /* ---- Allocation ------------------------------------------------------------------------- */
 
+/* A thread's cached reference to a stream state can go stale when the state is retired
+ * (sop__sstream_retire_idle); the call then looks the stream up again. Retirement spares states
+ * used since its last pass, so a second miss is rare and a third unheard of. */
+#define STALE_TRIES 8
+
 static void
 block_hand_out(struct sop__sstream *ss, struct sop__block *b, size_t req, void **ptr)
 {
 	sop__block_set_owner(b, NULL);
 	sop__used_add(ss, b, req);
+	ss->active = true;
 	atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_ALLOC), memory_order_release);
 	*ptr = (void *)(uintptr_t)b->addr;
 }
@@ -782,7 +792,7 @@ sop__alloc(struct sop_pool *pool, CUstream stream, size_t req, void **ptr)
 
 	if (size < req || size > pool->va_size)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	for (tries = 0; tries < 2; tries++) {
+	for (tries = 0; tries < STALE_TRIES; tries++) {
 		r = sstream_get(pool, stream, &ref);
 		if (r != CUDA_SUCCESS)
 			return r;
@@ -825,7 +835,7 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 	if (!b || atomic_load_explicit(&b->tag, memory_order_acquire) != alloc_tag)
 		return CUDA_ERROR_INVALID_VALUE;
 	/* Resolve the stream before claiming: a bad stream leaves the block allocated. */
-	for (tries = 0; tries < 2; tries++) {
+	for (tries = 0; tries < STALE_TRIES; tries++) {
 		r = sstream_get(pool, stream, &ref);
 		if (r != CUDA_SUCCESS)
 			return r;
@@ -843,6 +853,7 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 			}
 			sop__used_sub(b, ss);
 			sop__block_set_owner(b, ss);
+			ss->active = true;
 			/* Read after the application's earlier work on the stream was enqueued: a mark
 			 * that advances the epoch past this value comes after that work. */
 			seq = atomic_load(&ss->st->epoch);
