@@ -4,8 +4,9 @@
  * to complete. Work enqueued on the stream later runs after the free, so the stream itself may
  * reuse them at once: a same-stream free and allocation is a push and a pop on the stream's
  * bins under the stream's own lock, with no driver call and no pool-wide lock. Other streams
- * get these blocks only when the frees are known complete (sop__sstream_flush, at
- * synchronization points).
+ * get these blocks only when stream order allows: at synchronization points, through events,
+ * when probes show the frees complete, or by waiting on a probe (doc/reuse.md; the slow path
+ * below, with order.c).
  *
  * A thread finds the pool's state for a stream through a small thread-local cache keyed by
  * (pool, handle, context), so the driver is asked for the stream's id and context only the first
@@ -76,6 +77,10 @@ sstream_new(struct sop_pool *pool, uint64_t id, CUcontext ctx, struct sop__strea
 	ss->id = id;
 	ss->st = st;
 	ss->active = true; /* about to be used: not for the next retirement pass */
+	/* A recycled state forgets its old stream's epochs (its used-memory shard stays: blocks
+	 * counted there may still be live). */
+	ss->last_seq = 0;
+	ss->flushed = 0;
 	sop__lock_drop(&ss->lock);
 	ss->next = pool->streams;
 	pool->streams = ss;
