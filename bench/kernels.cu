@@ -1,4 +1,4 @@
-// kernels.cu - device code of sop-bench. Built to PTX by bench/gen-kernels.sh, which writes
+// kernels.cu - device code of sop-bench. Built to PTX by test/gen-kernels.sh (bench bench_kernels_ptx), which writes
 // bench/kernels.ptx.h; sop-bench loads it with cuModuleLoadData, so the build needs no nvcc.
 
 // RMM's compute_bound_kernel (multi_stream_allocations): spin until clock64() has advanced by
