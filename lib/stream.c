@@ -832,6 +832,7 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 	struct sop__block *b = sop__map_get(pool, addr);
 	struct sop__stream_ref ref;
 	struct sop__sstream *ss;
+	struct sop__stream *st;
 	uint64_t seq;
 	CUresult r;
 	bool hoard;
@@ -866,6 +867,9 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 			ss->last_seq = seq;
 			sop__bins_insert(&ss->cache, b);
 			hoard = cache_hoards(ss);
+			/* Read under the lock: once it is dropped, a synchronization may retire the
+			 * state and another stream may take it over. */
+			st = ss->st;
 			sop__lock_drop(&ss->lock);
 			/* Probes, now and then: when other streams may want what this one frees, or
 			 * when this stream holds so much pending memory that only knowing it complete
@@ -874,7 +878,7 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 				      (atomic_load_explicit(&pool->reuse_opportunistic,
 							    memory_order_relaxed) ||
 				       atomic_load_explicit(&pool->reuse_internal, memory_order_relaxed))))
-				sop__stream_after_free(ss->st, stream, seq, pool_pressed(pool));
+				sop__stream_after_free(st, stream, seq, pool_pressed(pool));
 			return CUDA_SUCCESS;
 		}
 		sop__lock_drop(&ss->lock);
