@@ -51,7 +51,10 @@ sop__bins_insert(struct sop__bins *bins, struct sop__block *b)
 	if (head)
 		head->free_prev = b;
 	bins->head[fl][sl] = b;
-	bins->fl_bitmap |= (uint64_t)1 << fl;
+	if (!(bins->fl_bitmap >> fl & 1)) {
+		bins->fl_bitmap |= (uint64_t)1 << fl;
+		atomic_store_explicit(&bins->fl_hint, bins->fl_bitmap, memory_order_relaxed);
+	}
 	bins->sl_bitmap[fl] |= 1u << sl;
 	bins->n_blocks++;
 	bins->n_bytes += b->size;
@@ -71,8 +74,11 @@ sop__bins_remove(struct sop__bins *bins, struct sop__block *b)
 		b->free_next->free_prev = b->free_prev;
 	if (!bins->head[fl][sl]) {
 		bins->sl_bitmap[fl] &= ~(1u << sl);
-		if (!bins->sl_bitmap[fl])
+		if (!bins->sl_bitmap[fl]) {
 			bins->fl_bitmap &= ~((uint64_t)1 << fl);
+			atomic_store_explicit(&bins->fl_hint, bins->fl_bitmap,
+					      memory_order_relaxed);
+		}
 	}
 	b->free_prev = b->free_next = NULL;
 	bins->n_blocks--;
@@ -126,4 +132,15 @@ sop__bins_find_close(struct sop__bins *bins, size_t size, size_t limit)
 	}
 	b = sop__bins_find(bins, size);
 	return b && b->size <= limit ? b : NULL;
+}
+
+bool
+sop__bins_hint_smaller(struct sop__bins *bins, size_t size, size_t have)
+{
+	uint64_t hint = atomic_load_explicit(&bins->fl_hint, memory_order_relaxed);
+	unsigned lo, hi, sl;
+
+	search_index(size, &lo, &sl);
+	sop__bins_index(have, &hi, &sl);
+	return lo < hi && (hint & (((uint64_t)1 << hi) - ((uint64_t)1 << lo)));
 }

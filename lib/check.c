@@ -7,8 +7,8 @@
  *    match their address, and a map entry at their start;
  *  - no two FREE blocks are neighbours (the heap merges them);
  *  - the heap holds exactly the FREE blocks, each stream cache exactly the CACHED blocks of that
- *    stream, every block in the list its size maps to, and the bitmaps say which lists are
- *    non-empty;
+ *    stream, every block in the list its size maps to, and the bitmaps (and the lock-free
+ *    hint) say which lists are non-empty;
  *  - used memory is the sum of the requested bytes of ALLOC blocks; the watermarks are at least
  *    the current values.
  */
@@ -48,6 +48,7 @@ bins_check(struct sop__bins *bins, enum sop__state want_state, struct sop__sstre
 		}
 	}
 	CHECK(n == bins->n_blocks && bytes == bins->n_bytes);
+	CHECK(atomic_load(&bins->fl_hint) == bins->fl_bitmap);
 out:
 	return line;
 }

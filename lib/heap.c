@@ -109,34 +109,46 @@ sop__map_get(struct sop_pool *pool, CUdeviceptr addr)
 }
 
 /* Setting NULL never allocates; setting a block may fail only for lack of host memory, which
- * callers avoid by calling map_reserve first. */
+ * callers avoid by calling map_reserve first. Tables are added with compare-and-swap: two
+ * streams carving in one range may race to add the same one. */
 static bool
 map_slot_get(struct sop_pool *pool, CUdeviceptr addr, map_slot **slot, bool create)
 {
 	uint64_t key = (addr - pool->va_base) >> SOP_ALIGN_LOG2;
 	size_t top = key >> (MAP_LEAF_LOG2 + MAP_MID_LOG2);
 	size_t m = (key >> MAP_LEAF_LOG2) & (MAP_MID - 1);
-	struct sop__block **mid = atomic_load_explicit(&pool->map_top[top], memory_order_relaxed);
+	struct sop__block **mid = atomic_load_explicit(&pool->map_top[top], memory_order_acquire);
 	_Atomic(map_slot *) *mslot;
 	map_slot *leaf;
 
 	if (!mid) {
+		struct sop__block **fresh;
 		if (!create)
 			return false;
-		mid = calloc(MAP_MID, sizeof(void *));
-		if (!mid)
+		fresh = calloc(MAP_MID, sizeof(void *));
+		if (!fresh)
 			return false;
-		atomic_store_explicit(&pool->map_top[top], mid, memory_order_release);
+		if (atomic_compare_exchange_strong_explicit(&pool->map_top[top], &mid, fresh,
+							    memory_order_acq_rel,
+							    memory_order_acquire))
+			mid = fresh;
+		else
+			free(fresh); /* mid is the winner's */
 	}
 	mslot = (_Atomic(map_slot *) *)&mid[m];
-	leaf = atomic_load_explicit(mslot, memory_order_relaxed);
+	leaf = atomic_load_explicit(mslot, memory_order_acquire);
 	if (!leaf) {
+		map_slot *fresh;
 		if (!create)
 			return false;
-		leaf = calloc(MAP_LEAF, sizeof *leaf);
-		if (!leaf)
+		fresh = calloc(MAP_LEAF, sizeof *fresh);
+		if (!fresh)
 			return false;
-		atomic_store_explicit(mslot, leaf, memory_order_release);
+		if (atomic_compare_exchange_strong_explicit(mslot, &leaf, fresh, memory_order_acq_rel,
+							    memory_order_acquire))
+			leaf = fresh;
+		else
+			free(fresh);
 	}
 	*slot = &leaf[key & (MAP_LEAF - 1)];
 	return true;
@@ -180,8 +192,29 @@ sop__map_destroy(struct sop_pool *pool)
 
 /* ---- Split and merge -------------------------------------------------------------------- */
 
+/* Link rest, a fresh descriptor, as the part of b beyond size bytes, in b's state. Segment lock
+ * held. */
+static void
+block_split(struct sop_pool *pool, struct sop__block *b, struct sop__block *rest, size_t size,
+	    enum sop__state state)
+{
+	rest->addr = b->addr + size;
+	rest->size = b->size - size;
+	rest->seg = b->seg;
+	rest->seq = b->seq;
+	rest->phys_prev = b;
+	rest->phys_next = b->phys_next;
+	if (b->phys_next)
+		b->phys_next->phys_prev = rest;
+	b->phys_next = rest;
+	b->size = size;
+	atomic_store_explicit(&rest->tag, sop__tag(rest->addr, state), memory_order_release);
+	sop__map_set(pool, rest->addr, rest);
+}
+
 void
-sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size)
+sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size,
+		 struct sop__sstream *from)
 {
 	struct sop__block *rest;
 	enum sop__state state = sop__block_state(b);
@@ -195,32 +228,47 @@ sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size)
 	rest = sop__block_new(pool);
 	if (!rest)
 		return;
-	rest->addr = b->addr + size;
-	rest->size = b->size - size;
-	rest->seg = b->seg;
-	rest->phys_prev = b;
-	rest->phys_next = b->phys_next;
-	if (b->phys_next)
-		b->phys_next->phys_prev = rest;
-	b->phys_next = rest;
-	b->size = size;
-	atomic_store_explicit(&rest->tag, sop__tag(rest->addr, state), memory_order_release);
-	sop__map_set(pool, rest->addr, rest);
+	sop__lock_take(&b->seg->lock);
+	block_split(pool, b, rest, size, state);
+	sop__lock_drop(&b->seg->lock);
 	if (state == SOP_BLOCK_CACHED) {
-		struct sop__sstream *ss = sop__block_owner(b);
-		sop__block_set_owner(rest, ss);
-		rest->seq = b->seq;
-		sop__lock_take(&ss->lock);
-		sop__bins_insert(&ss->cache, rest);
-		sop__lock_drop(&ss->lock);
+		sop__lock_take(&from->lock);
+		sop__block_set_owner(rest, from);
+		sop__bins_insert(&from->cache, rest);
+		sop__lock_drop(&from->lock);
 	} else {
 		sop__bins_insert(&pool->heap, rest);
 	}
 }
 
-/* Absorb b's next neighbour into b; the neighbour is out of every bin. */
+bool
+sop__block_carve_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b,
+		     size_t size)
+{
+	struct sop__block *rest = ss->spare;
+
+	if (b->size - size < SOP_ALIGN) {
+		sop__bins_remove(&ss->cache, b);
+		return true;
+	}
+	if (!rest || !map_reserve(pool, b->addr + size))
+		return false;
+	sop__bins_remove(&ss->cache, b);
+	ss->spare = rest->free_next;
+	ss->n_spare--;
+	rest->free_next = NULL;
+	sop__lock_take(&b->seg->lock);
+	block_split(pool, b, rest, size, SOP_BLOCK_CACHED);
+	sop__lock_drop(&b->seg->lock);
+	sop__block_set_owner(rest, ss);
+	sop__bins_insert(&ss->cache, rest);
+	return true;
+}
+
+/* Absorb b's next neighbour into b; the neighbour is out of every bin and its descriptor goes
+ * to *spare. Segment lock held. */
 static void
-block_absorb_next(struct sop_pool *pool, struct sop__block *b)
+block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__block **spare)
 {
 	struct sop__block *n = b->phys_next;
 
@@ -229,27 +277,103 @@ block_absorb_next(struct sop_pool *pool, struct sop__block *b)
 	if (n->phys_next)
 		n->phys_next->phys_prev = b;
 	sop__map_set(pool, n->addr, NULL);
-	sop__block_delete(pool, n);
+	atomic_store_explicit(&n->tag, sop__tag(0, SOP_BLOCK_DEAD), memory_order_release);
+	sop__block_set_owner(n, NULL);
+	n->free_next = *spare;
+	*spare = n;
+}
+
+static inline bool
+cached_on(struct sop__block *b, struct sop__sstream *ss)
+{
+	return b && sop__block_state(b) == SOP_BLOCK_CACHED && sop__block_owner(b) == ss;
+}
+
+struct sop__block *
+sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b)
+{
+	struct sop__block *p, *n;
+	struct sop__segment *seg = b->seg;
+
+	sop__lock_take(&seg->lock);
+	while (cached_on((n = b->phys_next), ss)) {
+		sop__bins_remove(&ss->cache, n);
+		if (n->seq > b->seq)
+			b->seq = n->seq;
+		block_absorb_next(pool, b, &ss->spare);
+		ss->n_spare++;
+	}
+	while (cached_on((p = b->phys_prev), ss)) {
+		sop__bins_remove(&ss->cache, p);
+		if (b->seq > p->seq)
+			p->seq = b->seq;
+		block_absorb_next(pool, p, &ss->spare);
+		ss->n_spare++;
+		b = p;
+	}
+	sop__lock_drop(&seg->lock);
+	return b;
+}
+
+#define SPARES_LOW 8
+#define SPARES_HIGH 64
+
+void
+sop__spares_balance(struct sop_pool *pool, struct sop__sstream *ss)
+{
+	while (ss->n_spare < SPARES_LOW) {
+		struct sop__block *b = sop__block_new(pool);
+		if (!b)
+			return;
+		atomic_store_explicit(&b->tag, sop__tag(0, SOP_BLOCK_DEAD), memory_order_relaxed);
+		b->free_next = ss->spare;
+		ss->spare = b;
+		ss->n_spare++;
+	}
+	while (ss->n_spare > SPARES_HIGH) {
+		struct sop__block *b = ss->spare;
+		ss->spare = b->free_next;
+		ss->n_spare--;
+		b->free_next = pool->spare;
+		pool->spare = b;
+	}
+}
+
+void
+sop__spares_return(struct sop_pool *pool, struct sop__sstream *ss)
+{
+	while (ss->spare) {
+		struct sop__block *b = ss->spare;
+		ss->spare = b->free_next;
+		b->free_next = pool->spare;
+		pool->spare = b;
+	}
+	ss->n_spare = 0;
 }
 
 void
 sop__heap_put(struct sop_pool *pool, struct sop__block *b)
 {
-	struct sop__block *p = b->phys_prev, *n = b->phys_next;
+	struct sop__segment *seg = b->seg;
+	struct sop__block *p, *n;
 
 	sop__block_set_owner(b, NULL);
 	b->req = 0;
 	b->seq = 0;
+	sop__lock_take(&seg->lock);
+	p = b->phys_prev;
+	n = b->phys_next;
 	if (n && sop__block_state(n) == SOP_BLOCK_FREE) {
 		sop__bins_remove(&pool->heap, n);
-		block_absorb_next(pool, b);
+		block_absorb_next(pool, b, &pool->spare);
 	}
 	if (p && sop__block_state(p) == SOP_BLOCK_FREE) {
 		sop__bins_remove(&pool->heap, p);
-		block_absorb_next(pool, p);
+		block_absorb_next(pool, p, &pool->spare);
 		b = p;
 	}
 	atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_FREE), memory_order_release);
+	sop__lock_drop(&seg->lock);
 	sop__bins_insert(&pool->heap, b);
 }
 

@@ -153,6 +153,8 @@ struct sop__block;
 /* Free lists indexed by size, TLSF style: finding a fit is two bit scans. */
 struct sop__bins {
 	uint64_t fl_bitmap;
+	/* fl_bitmap, for readers without the bins' lock: a hint, stale as soon as it is read. */
+	_Atomic uint64_t fl_hint;
 	uint32_t sl_bitmap[SOP_FL_COUNT];
 	struct sop__block *head[SOP_FL_COUNT][SOP_SL_COUNT];
 	size_t n_blocks;
@@ -167,6 +169,9 @@ struct sop__block *sop__bins_find(struct sop__bins *bins, size_t size);
  * few blocks of size's own list (where an equal-size block freed a moment ago sits), then at the
  * head of the next non-empty list. NULL if none is found that cheaply. */
 struct sop__block *sop__bins_find_close(struct sop__bins *bins, size_t size, size_t limit);
+/* Whether bins may hold a block that fits size and is of a smaller power of two than have,
+ * read from the hint without the bins' lock. */
+bool sop__bins_hint_smaller(struct sop__bins *bins, size_t size, size_t have);
 /* The list a block of this size lives in (for checks). */
 void sop__bins_index(size_t size, unsigned *fl, unsigned *sl);
 
@@ -222,8 +227,14 @@ sop__block_state(const struct sop__block *b)
 	return (enum sop__state)(atomic_load_explicit(&b->tag, memory_order_acquire) & 3);
 }
 
-/* A run of virtual addresses backed by one physical allocation, mapped and released whole. */
+/* A run of virtual addresses backed by one physical allocation, mapped and released whole.
+ *
+ * Its lock guards the extents of its blocks: their sizes and phys links change, and a block's
+ * neighbours are read, only under it. It is the innermost lock: a stream splits and merges its
+ * own cached blocks under its own lock and this one, without the pool lock, while the pool lock
+ * holder works on FREE blocks next to them. */
 struct sop__segment {
+	struct sop__lock lock;
 	CUdeviceptr va;
 	size_t size;
 	CUmemGenericAllocationHandle handle;
@@ -244,14 +255,30 @@ struct sop__block *sop__block_new(struct sop_pool *pool);
 void sop__block_delete(struct sop_pool *pool, struct sop__block *b);
 
 /* The block map: the descriptor of the block starting at addr, or NULL. Lock-free to read;
- * written under the pool lock. */
+ * a slot is written under the lock of the segment that holds addr; missing tables are added
+ * with compare-and-swap. */
 struct sop__block *sop__map_get(struct sop_pool *pool, CUdeviceptr addr);
 void sop__map_set(struct sop_pool *pool, CUdeviceptr addr, struct sop__block *b);
 void sop__map_destroy(struct sop_pool *pool);
 
 /* Take size bytes (a multiple of SOP_ALIGN) out of a free or cached block b that has been
- * removed from its bins; the remainder goes back where b came from. Pool lock held. */
-void sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size);
+ * removed from its bins; the remainder goes back where b came from: the heap if b is FREE,
+ * else the cache of from. Pool lock held. */
+void sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size,
+		      struct sop__sstream *from);
+/* The same on a block in ss's cache, with the stream's lock held instead of the pool's: takes
+ * b out of the cache and splits it, with a descriptor from the stream's spares. False, and b
+ * left in the cache, if there is no spare descriptor or no host memory for the map. */
+bool sop__block_carve_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b,
+			  size_t size);
+/* A block ss has just claimed as CACHED, merged with its neighbours cached on ss; returns the
+ * merged block, out of every bin. Stream lock held. */
+struct sop__block *sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss,
+					struct sop__block *b);
+/* Keep a stream's spare descriptors between a few and a few dozen. Pool and stream locks held. */
+void sop__spares_balance(struct sop_pool *pool, struct sop__sstream *ss);
+/* Give all of a stream's spare descriptors back to the pool. Pool lock held. */
+void sop__spares_return(struct sop_pool *pool, struct sop__sstream *ss);
 /* Return a block to the heap as FREE, merging with FREE neighbours. Pool lock held. */
 void sop__heap_put(struct sop_pool *pool, struct sop__block *b);
 /* Map a new segment able to hold size bytes and put it in the heap. Pool lock held.
@@ -272,7 +299,9 @@ void sop__heap_destroy(struct sop_pool *pool);
 
 /* A pool's view of one stream: the blocks freed on it that only it may reuse yet, each tagged
  * with the stream's epoch at its free. The lock guards the cache and the identity; a state
- * whose id is 0 is retired. */
+ * whose id is 0 is retired. A block is CACHED with owner ss exactly while it is in ss's cache
+ * or ss's lock is held over it: a block taken out for carving by another path first loses its
+ * owner, so that the stream's own merging never reaches for a block that is in no bin. */
 struct sop__sstream {
 	struct sop__lock lock;
 	struct sop_pool *pool;
@@ -289,6 +318,9 @@ struct sop__sstream {
 	uint64_t flushed;  /* frees up to here have left the cache (pool lock) */
 	bool active;       /* allocated or freed on since the last retirement pass */
 	struct sop__bins cache;
+	/* Descriptors for splitting and merging cached blocks under the stream's lock alone. */
+	struct sop__block *spare;
+	unsigned n_spare;
 	struct sop__sstream *next; /* pool->streams or pool->spare_streams */
 };
 

@@ -352,13 +352,17 @@ sop_pointer_get_pool(sop_pool_t *pool, const void *ptr)
 	/* Not a hot path: find the segment, then the block within it. */
 	for (seg = atomic_load(&p->dead) ? NULL : p->segments; seg; seg = seg->next) {
 		if (addr >= seg->va && addr - seg->va < seg->size) {
+			sop__lock_take(&seg->lock);
 			for (b = seg->first; b && !(addr >= b->addr && addr - b->addr < b->size);
 			     b = b->phys_next)
 				;
+			if (b && !(sop__block_state(b) == SOP_BLOCK_ALLOC && addr - b->addr < b->req))
+				b = NULL;
+			sop__lock_drop(&seg->lock);
 			break;
 		}
 	}
-	if (b && sop__block_state(b) == SOP_BLOCK_ALLOC && addr - b->addr < b->req)
+	if (b)
 		*pool = p;
 	else
 		r = CUDA_ERROR_INVALID_VALUE;

@@ -385,6 +385,7 @@ sop__sstream_retire_idle(struct sop_pool *pool)
 			continue;
 		}
 		ss->id = 0;
+		sop__spares_return(pool, ss);
 		sop__lock_drop(&ss->lock);
 		*pp = ss->next;
 		pool->n_streams--;
@@ -442,6 +443,7 @@ cache_coalesce(struct sop_pool *pool, struct sop__sstream *ss)
 		if (sop__block_state(b) != SOP_BLOCK_CACHED || sop__block_owner(b) != ss)
 			continue; /* absorbed by an earlier one */
 		sop__bins_remove(&ss->cache, b);
+		sop__lock_take(&b->seg->lock);
 		while (b->phys_prev && (sop__block_state(b->phys_prev) == SOP_BLOCK_FREE ||
 					(sop__block_state(b->phys_prev) == SOP_BLOCK_CACHED &&
 					 sop__block_owner(b->phys_prev) == ss)))
@@ -475,6 +477,7 @@ cache_coalesce(struct sop_pool *pool, struct sop__sstream *ss)
 			sop__map_set(pool, n->addr, NULL);
 			sop__block_delete(pool, n);
 		}
+		sop__lock_drop(&b->seg->lock);
 		sop__bins_insert(&ss->cache, b);
 	}
 	free(v);
@@ -534,6 +537,7 @@ static struct sop__block *
 cache_take(struct sop__sstream *o, struct sop__block *b)
 {
 	sop__bins_remove(&o->cache, b);
+	sop__block_set_owner(b, NULL);
 	sop__lock_drop(&o->lock);
 	return b;
 }
@@ -543,7 +547,8 @@ cache_take(struct sop__sstream *o, struct sop__block *b)
  * that waited on no event costs one lock here, whatever the number of streams). Pool lock
  * held. */
 static struct sop__block *
-take_followed(struct sop_pool *pool, struct sop__sstream *ss, size_t size, size_t limit)
+take_followed(struct sop_pool *pool, struct sop__sstream *ss, size_t size, size_t limit,
+	      struct sop__sstream **from)
 {
 	struct sop__sstream *o;
 	struct sop__clock deps;
@@ -565,8 +570,10 @@ take_followed(struct sop_pool *pool, struct sop__sstream *ss, size_t size, size_
 			continue;
 		sop__lock_take(&o->lock);
 		b = o->cache.n_bytes >= size ? cache_find_covered(o, size, dep) : NULL;
-		if (b && b->size <= limit)
+		if (b && b->size <= limit) {
+			*from = o;
 			return cache_take(o, b);
+		}
 		sop__lock_drop(&o->lock);
 	}
 	return NULL;
@@ -595,7 +602,8 @@ flush_observed(struct sop_pool *pool, struct sop__sstream *ss)
 /* Internal dependencies: memory whose free is still pending on another stream, taken by making
  * the allocating stream wait for a probe recorded after the free. Pool lock held. */
 static struct sop__block *
-take_with_wait(struct sop_pool *pool, struct sop__sstream *ss, CUstream stream, size_t size)
+take_with_wait(struct sop_pool *pool, struct sop__sstream *ss, CUstream stream, size_t size,
+	       struct sop__sstream **from)
 {
 	struct sop__sstream *o;
 
@@ -615,8 +623,10 @@ take_with_wait(struct sop_pool *pool, struct sop__sstream *ss, CUstream stream, 
 			cache_coalesce(pool, o);
 			b = cache_find_covered(o, size, newest);
 		}
-		if (b && sop__stream_wait_for(ss->st, stream, o->st, b->seq) == CUDA_SUCCESS)
+		if (b && sop__stream_wait_for(ss->st, stream, o->st, b->seq) == CUDA_SUCCESS) {
+			*from = o;
 			return cache_take(o, b);
+		}
 		sop__lock_drop(&o->lock);
 	}
 	return NULL;
@@ -635,6 +645,7 @@ close_limit(size_t size)
  * asking, unless nothing fits at all. */
 #define POLL_MIN ((size_t)2 << 20)
 
+
 /* Flush what the stream's probes have newly seen complete. Pool lock held. */
 static void
 own_flush(struct sop__sstream *ss)
@@ -649,31 +660,47 @@ own_flush(struct sop__sstream *ss)
 
 /* Return a block best_take took, unused, to the bins it came from. Pool lock held. */
 static void
-put_back(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b)
+put_back(struct sop_pool *pool, struct sop__block *b, struct sop__sstream *from)
 {
-	if (sop__block_state(b) == SOP_BLOCK_CACHED) {
-		sop__lock_take(&ss->lock);
-		sop__bins_insert(&ss->cache, b);
-		sop__lock_drop(&ss->lock);
+	if (from) {
+		sop__lock_take(&from->lock);
+		sop__block_set_owner(b, from);
+		sop__bins_insert(&from->cache, b);
+		sop__lock_drop(&from->lock);
 	} else {
 		sop__bins_insert(&pool->heap, b);
 	}
 }
 
-/* The smaller of the best fits in the stream's cache and in the heap, taken out of its bins.
- * Pool and stream locks held. */
+/* Take b out of the stream's cache for the slow path: without an owner until it is handed out
+ * or put back. Stream lock held. */
 static struct sop__block *
-best_take(struct sop_pool *pool, struct sop__sstream *ss, size_t size)
+cache_remove(struct sop__sstream *ss, struct sop__block *b)
 {
-	struct sop__block *mine = sop__bins_find(&ss->cache, size);
-	struct sop__block *any = sop__bins_find(&pool->heap, size);
+	sop__bins_remove(&ss->cache, b);
+	sop__block_set_owner(b, NULL);
+	return b;
+}
 
+/* The smaller of the best fits in the stream's cache and in the heap, taken out of its bins;
+ * *from says which (NULL: the heap). Pool lock held. */
+static struct sop__block *
+best_take(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__sstream **from)
+{
+	struct sop__block *mine, *any = sop__bins_find(&pool->heap, size);
+
+	sop__lock_take(&ss->lock);
+	mine = sop__bins_find(&ss->cache, size);
 	if (mine && (!any || mine->size <= any->size)) {
-		sop__bins_remove(&ss->cache, mine);
+		cache_remove(ss, mine);
+		sop__lock_drop(&ss->lock);
+		*from = ss;
 		return mine;
 	}
+	sop__lock_drop(&ss->lock);
 	if (any)
 		sop__bins_remove(&pool->heap, any);
+	*from = NULL;
 	return any;
 }
 
@@ -681,6 +708,7 @@ static CUresult
 alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream stream,
 	   size_t size, size_t req, void **ptr)
 {
+	struct sop__sstream *from = NULL;
 	struct sop__block *b = NULL;
 	CUresult r = CUDA_SUCCESS;
 	bool stale = false;
@@ -688,6 +716,8 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 	pthread_mutex_lock(&pool->lock);
 	sop__lock_take(&ss->lock);
 	stale = ss->id != id;
+	if (!stale)
+		sop__spares_balance(pool, ss);
 	sop__lock_drop(&ss->lock);
 	if (stale) {
 		pthread_mutex_unlock(&pool->lock);
@@ -699,29 +729,26 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 	 * appears to choose the same way: a block of the right size just freed beats fresh space.
 	 * If none fits closely and the request is large (small ones carve free space without
 	 * asking), or if nothing fits at all, first learn what has completed (it costs queries):
-	 * frees that
-	 * probes have seen complete go to the heap, where they merge with their free neighbours and
-	 * whole segments become free to reshape; this stream's own, and, with the opportunistic
-	 * policy, other streams'. */
-	sop__lock_take(&ss->lock);
-	b = best_take(pool, ss, size);
-	sop__lock_drop(&ss->lock);
+	 * frees that probes have seen complete go to the heap, where they merge with their free
+	 * neighbours and whole segments become free to reshape; this stream's own, and, with the
+	 * opportunistic policy, other streams'. */
+	b = best_take(pool, ss, size, &from);
 	if (!b || (b->size > close_limit(size) && size >= POLL_MIN)) {
 		if (b)
-			put_back(pool, ss, b);
+			put_back(pool, b, from);
 		own_flush(ss);
 		if (atomic_load(&pool->reuse_opportunistic))
 			flush_observed(pool, ss);
-		sop__lock_take(&ss->lock);
-		b = best_take(pool, ss, size);
-		sop__lock_drop(&ss->lock);
+		b = best_take(pool, ss, size, &from);
 	}
 	if (atomic_load(&pool->reuse_follow)) {
-		struct sop__block *f = take_followed(pool, ss, size, b ? b->size : SIZE_MAX);
+		struct sop__sstream *o = NULL;
+		struct sop__block *f = take_followed(pool, ss, size, b ? b->size : SIZE_MAX, &o);
 		if (f) {
 			if (b)
-				put_back(pool, ss, b);
+				put_back(pool, b, from);
 			b = f;
+			from = o;
 		}
 	}
 	/* 2. Failing all of those, the stream's pieces joined with their free neighbours. */
@@ -729,7 +756,11 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 		sop__lock_take(&ss->lock);
 		if (ss->cache.n_bytes >= size) {
 			cache_coalesce(pool, ss);
-			b = bins_take(&ss->cache, size);
+			b = sop__bins_find(&ss->cache, size);
+			if (b) {
+				cache_remove(ss, b);
+				from = ss;
+			}
 		}
 		sop__lock_drop(&ss->lock);
 	}
@@ -754,16 +785,18 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 			if (sop__heap_release(pool, 0, 0) == CUDA_SUCCESS)
 				r = sop__heap_grow(pool, size);
 		}
-		if (r == CUDA_SUCCESS)
+		if (r == CUDA_SUCCESS) {
 			b = bins_take(&pool->heap, size);
-		else if (r == CUDA_ERROR_OUT_OF_MEMORY)
+			from = NULL;
+		} else if (r == CUDA_ERROR_OUT_OF_MEMORY) {
 			atomic_store(&pool->pressure, true);
+		}
 	}
 	/* 6. Memory still pending on another stream, with a wait inserted. */
 	if (!b && r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reuse_internal))
-		b = take_with_wait(pool, ss, stream, size);
+		b = take_with_wait(pool, ss, stream, size, &from);
 	if (b) {
-		sop__block_carve(pool, b, size);
+		sop__block_carve(pool, b, size, from);
 		sop__lock_take(&ss->lock); /* the used-memory shard */
 		block_hand_out(ss, b, req, ptr);
 		sop__lock_drop(&ss->lock);
@@ -807,6 +840,15 @@ sop__alloc(struct sop_pool *pool, CUstream stream, size_t req, void **ptr)
 			b = sop__bins_find_close(&ss->cache, size, close_limit(size));
 			if (b) {
 				sop__bins_remove(&ss->cache, b);
+			} else if (size < POLL_MIN) {
+				/* A small request splits the stream's own memory: the first fit in
+				 * its cache, which its frees keep merged. */
+				b = sop__bins_find(&ss->cache, size);
+				if (b && (sop__bins_hint_smaller(&pool->heap, size, b->size) ||
+					  !sop__block_carve_own(pool, ss, b, size)))
+					b = NULL;
+			}
+			if (b) {
 				/* Out of the cache and ALLOC under the lock: a coalescing thread
 				 * must never see a CACHED block that is in no bin. */
 				block_hand_out(ss, b, req, ptr);
@@ -865,6 +907,9 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 			seq = atomic_load(&ss->st->epoch);
 			b->seq = seq;
 			ss->last_seq = seq;
+			/* Joined at once with the stream's pieces around it: the stream's own
+			 * memory stays in few large blocks, as in any heap that merges on free. */
+			b = sop__block_merge_own(pool, ss, b);
 			sop__bins_insert(&ss->cache, b);
 			hoard = cache_hoards(ss);
 			/* Read under the lock: once it is dropped, a synchronization may retire the
