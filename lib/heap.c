@@ -59,7 +59,8 @@ sop__block_new(struct sop_pool *pool)
 	b = pool->spare;
 	pool->spare = b->free_next;
 	b->free_next = b->free_prev = NULL;
-	b->phys_prev = b->phys_next = NULL;
+	sop__link_set(&b->phys_prev, NULL);
+	b->phys_next = NULL;
 	sop__block_set_owner(b, NULL);
 	b->seg = NULL;
 	b->req = 0;
@@ -205,7 +206,7 @@ block_split(struct sop_pool *pool, struct sop__block *b, struct sop__block *rest
 	rest->phys_prev = b;
 	rest->phys_next = b->phys_next;
 	if (b->phys_next)
-		b->phys_next->phys_prev = rest;
+		sop__link_set(&b->phys_next->phys_prev, rest);
 	b->phys_next = rest;
 	b->size = size;
 	atomic_store_explicit(&rest->tag, sop__tag(rest->addr, state), memory_order_release);
@@ -275,7 +276,7 @@ block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__block
 	b->size += n->size;
 	b->phys_next = n->phys_next;
 	if (n->phys_next)
-		n->phys_next->phys_prev = b;
+		sop__link_set(&n->phys_next->phys_prev, b);
 	sop__map_set(pool, n->addr, NULL);
 	atomic_store_explicit(&n->tag, sop__tag(0, SOP_BLOCK_DEAD), memory_order_release);
 	sop__block_set_owner(n, NULL);
@@ -295,6 +296,13 @@ sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 	struct sop__block *p, *n;
 	struct sop__segment *seg = b->seg;
 
+	/* A look without the segment lock first, so that a free with nothing to merge (the common
+	 * case when streams share a segment) touches no shared line. It is exact: only ss's lock
+	 * holder makes a block cached on ss or changes b's next link, and a prev link that another
+	 * thread rewrites points at a block not cached on ss before and after. */
+	if (!cached_on(sop__link_peek(&b->phys_next), ss) &&
+	    !cached_on(sop__link_peek(&b->phys_prev), ss))
+		return b;
 	sop__lock_take(&seg->lock);
 	while (cached_on((n = b->phys_next), ss)) {
 		sop__bins_remove(&ss->cache, n);

@@ -203,6 +203,20 @@ struct sop__block {
 	_Atomic uint64_t tag;
 };
 
+/* A prev link is rewritten by whoever changes the neighbour before it, under the segment lock,
+ * and may be peeked at without it (sop__block_merge_own): stores and peeks are atomic. */
+static inline void
+sop__link_set(struct sop__block **link, struct sop__block *to)
+{
+	__atomic_store_n(link, to, __ATOMIC_RELAXED);
+}
+
+static inline struct sop__block *
+sop__link_peek(struct sop__block **link)
+{
+	return __atomic_load_n(link, __ATOMIC_RELAXED);
+}
+
 static inline uint64_t
 sop__tag(CUdeviceptr addr, enum sop__state state)
 {

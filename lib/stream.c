@@ -473,7 +473,7 @@ cache_coalesce(struct sop_pool *pool, struct sop__sstream *ss)
 			b->size += n->size;
 			b->phys_next = n->phys_next;
 			if (n->phys_next)
-				n->phys_next->phys_prev = b;
+				sop__link_set(&n->phys_next->phys_prev, b);
 			sop__map_set(pool, n->addr, NULL);
 			sop__block_delete(pool, n);
 		}
