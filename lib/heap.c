@@ -284,10 +284,16 @@ block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__block
 	*spare = n;
 }
 
+/* Whether b, a neighbour of the block being merged, is worth joining to it: cached on ss too,
+ * and of another size. Two equal neighbours stay apart: a stream that frees a run of blocks of
+ * one size is likely to ask for that size again, and then reuses them whole (a batch of k
+ * allocations and k frees costs no split and no merge) where joined they would be split again
+ * one by one. The size is read only once b is known to be ss's: ss's lock keeps it still. */
 static inline bool
-cached_on(struct sop__block *b, struct sop__sstream *ss)
+mergeable(struct sop__block *b, size_t size, struct sop__sstream *ss)
 {
-	return b && sop__block_state(b) == SOP_BLOCK_CACHED && sop__block_owner(b) == ss;
+	return b && sop__block_state(b) == SOP_BLOCK_CACHED && sop__block_owner(b) == ss &&
+	       b->size != size;
 }
 
 struct sop__block *
@@ -300,18 +306,18 @@ sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 	 * case when streams share a segment) touches no shared line. It is exact: only ss's lock
 	 * holder makes a block cached on ss or changes b's next link, and a prev link that another
 	 * thread rewrites points at a block not cached on ss before and after. */
-	if (!cached_on(sop__link_peek(&b->phys_next), ss) &&
-	    !cached_on(sop__link_peek(&b->phys_prev), ss))
+	if (!mergeable(sop__link_peek(&b->phys_next), b->size, ss) &&
+	    !mergeable(sop__link_peek(&b->phys_prev), b->size, ss))
 		return b;
 	sop__lock_take(&seg->lock);
-	while (cached_on((n = b->phys_next), ss)) {
+	while (mergeable((n = b->phys_next), b->size, ss)) {
 		sop__bins_remove(&ss->cache, n);
 		if (n->seq > b->seq)
 			b->seq = n->seq;
 		block_absorb_next(pool, b, &ss->spare);
 		ss->n_spare++;
 	}
-	while (cached_on((p = b->phys_prev), ss)) {
+	while (mergeable((p = b->phys_prev), b->size, ss)) {
 		sop__bins_remove(&ss->cache, p);
 		if (b->seq > p->seq)
 			p->seq = b->seq;
