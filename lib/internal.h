@@ -49,19 +49,37 @@ sop__round_up(size_t x, size_t to)
 	return (x + to - 1) / to * to;
 }
 
-/* ---- A small spin lock for per-stream state ---------------------------------------------
- * Held for a few dozen instructions and almost never contended (one thread per stream is the
- * common case), so it beats a mutex; it yields when it must wait. */
+/* ---- A small spin lock for per-stream and per-segment state ------------------------------
+ * Held for a few dozen instructions and rarely contended (one thread per stream is the common
+ * case), so it beats a mutex. A waiter spins a while, which is all a holder on another core
+ * needs, and yields only after that, for a holder that was preempted. */
 struct sop__lock {
 	atomic_int held;
 };
 
 static inline void
+sop__cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+#define SOP_LOCK_SPINS 64
+
+static inline void
 sop__lock_take(struct sop__lock *l)
 {
 	while (atomic_exchange_explicit(&l->held, 1, memory_order_acquire)) {
-		while (atomic_load_explicit(&l->held, memory_order_relaxed))
-			sched_yield();
+		unsigned spins = 0;
+		while (atomic_load_explicit(&l->held, memory_order_relaxed)) {
+			if (++spins < SOP_LOCK_SPINS)
+				sop__cpu_relax();
+			else
+				sched_yield();
+		}
 	}
 }
 
@@ -152,9 +170,12 @@ struct sop__block;
 
 /* Free lists indexed by size, TLSF style: finding a fit is two bit scans. */
 struct sop__bins {
-	uint64_t fl_bitmap;
-	/* fl_bitmap, for readers without the bins' lock: a hint, stale as soon as it is read. */
+	/* fl_bitmap, for readers without the bins' lock: a hint, stale as soon as it is read. On a
+	 * line of its own, so that it changes for them only when fl_bitmap does. */
+	char pad0[64];
 	_Atomic uint64_t fl_hint;
+	char pad1[64];
+	uint64_t fl_bitmap;
 	uint32_t sl_bitmap[SOP_FL_COUNT];
 	struct sop__block *head[SOP_FL_COUNT][SOP_SL_COUNT];
 	size_t n_blocks;
@@ -463,19 +484,31 @@ void sop__event_forget(CUevent ev);
 
 struct sop__map_leaf;
 
+/* Cache-line padding between groups of fields that different threads write: the hot paths of
+ * many threads read the first group of a pool on every call, and must not lose it each time
+ * the slow path writes the heap or the lock. (Padding rather than alignment: pools and stream
+ * states come from calloc.) */
+#define SOP_PAD(name) char name[64]
+
 struct sop_pool {
-	pthread_mutex_t lock; /* heap, segments, streams list, teardown */
+	/* Read on every call, written only at creation and teardown (or rarely, by attribute
+	 * writes). */
 	CUmemPoolProps props;
 	CUdevice device;
 	CUcontext ctx; /* the device's primary context, retained for driver calls */
 	bool is_default;
 	atomic_bool destroyed; /* sop_pool_destroy was called; torn down once empty */
 	atomic_bool dead; /* torn down; the object stays for stale lookups */
-
 	size_t granularity;
 	size_t max_size; /* 0: no cap besides the device */
 	CUdeviceptr va_base;
 	size_t va_size;
+	_Atomic(struct sop__block **) *map_top; /* the block map's first level */
+	atomic_int reuse_follow, reuse_opportunistic, reuse_internal;
+	SOP_PAD(pad0);
+
+	/* Written under the pool lock. */
+	pthread_mutex_t lock; /* heap, segments, streams list, teardown */
 	struct sop__va_extent *va_free;
 	struct sop__segment *segments;
 	size_t n_segments;
@@ -488,7 +521,6 @@ struct sop_pool {
 	struct sop__block *spare; /* descriptors not in use */
 	void **slabs;
 	size_t n_slabs, cap_slabs;
-	_Atomic(struct sop__block **) *map_top; /* the block map's first level */
 
 	struct sop__sstream *streams;
 	size_t n_streams;
@@ -496,13 +528,15 @@ struct sop_pool {
 
 	CUmemAccessDesc *access; /* peers granted access, besides the owner */
 	size_t n_access;
+	uint64_t used_high; /* pool lock; see sop__pool_used */
+	SOP_PAD(pad1);
 
-	atomic_int reuse_follow, reuse_opportunistic, reuse_internal;
+	/* Read by every free, written when growth fails, at synchronization points, and when the
+	 * pool grows or shrinks. */
 	/* Growth failed (maxSize or the device): probe every free, for internal dependencies.
 	 * Cleared at synchronization points. */
 	atomic_bool pressure;
 	_Atomic uint64_t release_threshold;
-	uint64_t used_high; /* pool lock; see sop__pool_used */
 	_Atomic uint64_t reserved, reserved_high;
 
 	struct sop_pool *next; /* registry list */
