@@ -632,19 +632,18 @@ take_with_wait(struct sop_pool *pool, struct sop__sstream *ss, CUstream stream, 
 	return NULL;
 }
 
-/* Accept a cached block on the hot path if it wastes at most an eighth of the request; larger
- * ones are carved on the slow path. */
+/* Take a cached block whole on the hot path if it wastes at most an eighth of the request;
+ * larger ones are split. */
 static inline size_t
 close_limit(size_t size)
 {
 	return size + (size >> 3);
 }
 
-/* Requests of at least this size ask what has completed before carving a loose fit: for them
- * reusing a block just freed beats splitting a large free range. Smaller ones carve without
- * asking, unless nothing fits at all. */
+/* On the slow path, requests of at least this size ask what has completed before carving a
+ * loose fit: for them reusing a block just freed beats splitting a large free range. Smaller
+ * ones carve without asking, unless nothing fits at all. */
 #define POLL_MIN ((size_t)2 << 20)
-
 
 /* Flush what the stream's probes have newly seen complete. Pool lock held. */
 static void
@@ -840,9 +839,10 @@ sop__alloc(struct sop_pool *pool, CUstream stream, size_t req, void **ptr)
 			b = sop__bins_find_close(&ss->cache, size, close_limit(size));
 			if (b) {
 				sop__bins_remove(&ss->cache, b);
-			} else if (size < POLL_MIN) {
-				/* A small request splits the stream's own memory: the first fit in
-				 * its cache, which its frees keep merged. */
+			} else {
+				/* Else it splits the stream's own memory, the first fit in its
+				 * cache (which its frees keep merged), unless the heap may hold a
+				 * tighter fit: then the slow path weighs both. */
 				b = sop__bins_find(&ss->cache, size);
 				if (b && (sop__bins_hint_smaller(&pool->heap, size, b->size) ||
 					  !sop__block_carve_own(pool, ss, b, size)))
