@@ -36,9 +36,10 @@ slab_add(struct sop_pool *pool)
 		pool->slabs = slabs;
 		pool->cap_slabs = cap;
 	}
-	slab = calloc(SLAB_BLOCKS, sizeof *slab);
+	slab = aligned_alloc(_Alignof(struct sop__block), SLAB_BLOCKS * sizeof *slab);
 	if (!slab)
 		return false;
+	memset(slab, 0, SLAB_BLOCKS * sizeof *slab);
 	pool->slabs[pool->n_slabs++] = slab;
 	for (i = 0; i < SLAB_BLOCKS; i++) {
 		slab[i].free_next = pool->spare;

@@ -49,6 +49,10 @@ sop__round_up(size_t x, size_t to)
 	return (x + to - 1) / to * to;
 }
 
+/* Cache-line padding between fields, or objects, that different threads write (padding rather
+ * than alignment where the objects come from calloc). */
+#define SOP_PAD(name) char name[64]
+
 /* ---- A small spin lock for per-stream and per-segment state ------------------------------
  * Held for a few dozen instructions and rarely contended (one thread per stream is the common
  * case), so it beats a mutex. A waiter spins a while, which is all a holder on another core
@@ -208,20 +212,24 @@ enum sop__state {
 /* Bookkeeping for one range of device memory, kept on the host (device memory cannot hold
  * headers). Blocks tile their segment; phys_prev/phys_next link neighbours within it. */
 struct sop__block {
-	CUdeviceptr addr;
-	size_t size;     /* multiple of SOP_ALIGN */
-	size_t req;      /* ALLOC: the requested bytes */
-	uint64_t seq;    /* CACHED: the stream's epoch at the free */
-	struct sop__block *phys_prev, *phys_next;
-	struct sop__block *free_prev, *free_next;
-	struct sop__segment *seg;
-	struct sop__sstream *alloc_ss; /* ALLOC: whose used-memory counter holds req */
+	/* The first cache line holds what the hot paths touch, the neighbours' merging included;
+	 * descriptors are 64-byte aligned and two lines long, so no two share a line: each is
+	 * written by the thread whose stream uses the block, and a shared line would bounce
+	 * between threads that never share a block. */
+	/* State and address in one word, so that a free can claim a block with one compare-and-swap
+	 * that fails for a stale, reused or already freed descriptor. */
+	_Alignas(64) _Atomic uint64_t tag;
 	/* CACHED: the stream it is pending on. Written under that stream's lock, read by other
 	 * streams' coalescing under theirs: atomic, relaxed (they only compare it to themselves). */
 	_Atomic(struct sop__sstream *) owner;
-	/* State and address in one word, so that a free can claim a block with one compare-and-swap
-	 * that fails for a stale, reused or already freed descriptor. */
-	_Atomic uint64_t tag;
+	size_t size;     /* multiple of SOP_ALIGN */
+	uint64_t seq;    /* CACHED: the stream's epoch at the free */
+	struct sop__block *phys_prev, *phys_next;
+	struct sop__block *free_prev, *free_next;
+	CUdeviceptr addr;
+	size_t req;      /* ALLOC: the requested bytes */
+	struct sop__sstream *alloc_ss; /* ALLOC: whose used-memory counter holds req */
+	struct sop__segment *seg;
 };
 
 /* A prev link is rewritten by whoever changes the neighbour before it, under the segment lock,
@@ -275,6 +283,7 @@ struct sop__segment {
 	CUmemGenericAllocationHandle handle;
 	struct sop__block *first;
 	struct sop__segment *prev, *next; /* address order */
+	SOP_PAD(pad); /* the next segment's lock on another line */
 };
 
 /* A free range of the pool's reservation, for placing new segments (growth path only). */
@@ -484,12 +493,9 @@ void sop__event_forget(CUevent ev);
 
 struct sop__map_leaf;
 
-/* Cache-line padding between groups of fields that different threads write: the hot paths of
- * many threads read the first group of a pool on every call, and must not lose it each time
- * the slow path writes the heap or the lock. (Padding rather than alignment: pools and stream
- * states come from calloc.) */
-#define SOP_PAD(name) char name[64]
 
+/* The hot paths of many threads read the first group of a pool's fields on every call: they
+ * must not lose its line each time the slow path writes the heap or the lock. */
 struct sop_pool {
 	/* Read on every call, written only at creation and teardown (or rarely, by attribute
 	 * writes). */
