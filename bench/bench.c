@@ -432,7 +432,8 @@ write_md(FILE *f)
 	fprintf(f, "- started: %s UTC; command: `%s`\n", started, command);
 	fprintf(f,
 		"- %d repetitions, sides interleaved in each (sop, then driver, then "
-		"driver-default); cells are median (min-max) over repetitions\n",
+		"driver-default, then no-alloc where a workload has it); cells are median "
+		"(min-max) over repetitions\n",
 		opts.reps);
 	fprintf(f,
 		"- driver: `cuMemAllocFromPoolAsync` on a pool from `cuMemPoolCreate`; "
@@ -541,7 +542,7 @@ write_csv(FILE *f)
 			csv_text(f, m->higher ? "higher" : "lower");
 			csv_text(f, side_names[k]);
 			fprintf(f, "%d,%.6g,%.6g,%.6g,", s.n, s.med, s.min, s.max);
-			if (k != SIDE_SOP && r > 0)
+			if (k != SIDE_SOP && k != SIDE_IDEAL && r > 0)
 				fprintf(f, "%.4g,", r);
 			else
 				fputs(",", f);

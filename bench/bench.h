@@ -61,7 +61,15 @@
 	X(cuMemPoolTrimTo)                                                                         \
 	X(cuMemAllocFromPoolAsync)                                                                 \
 	X(cuMemAllocAsync)                                                                         \
-	X(cuMemFreeAsync)
+	X(cuMemFreeAsync)                                                                          \
+	X(cuMemGetAllocationGranularity)                                                           \
+	X(cuMemAddressReserve)                                                                     \
+	X(cuMemAddressFree)                                                                        \
+	X(cuMemCreate)                                                                             \
+	X(cuMemRelease)                                                                            \
+	X(cuMemMap)                                                                                \
+	X(cuMemUnmap)                                                                              \
+	X(cuMemSetAccess)
 
 struct bench_driver {
 #define BENCH_X(name) __typeof__(name) *name;
@@ -87,12 +95,12 @@ struct bench_env {
 };
 extern struct bench_env env;
 
-/* The allocators under test, and the no-allocation baseline of the streams workload. */
+/* The allocators under test, and the no-allocation floor of some workloads. */
 enum side_kind {
 	SIDE_SOP,     /* sop_malloc_from_pool_async on a sop pool */
 	SIDE_POOL,    /* cuMemAllocFromPoolAsync on a pool from cuMemPoolCreate */
 	SIDE_DEFAULT, /* cuMemAllocAsync on the device's default pool */
-	SIDE_IDEAL,   /* the same work with no allocation at all (streams only) */
+	SIDE_IDEAL,   /* the same work with no allocator (streams, handoff, growth) */
 	N_SIDES
 };
 #define SIDE_BIT(k) (1u << (k))

@@ -70,7 +70,10 @@ env_init(void)
 	    !drv.cuCtxSetCurrent || !drv.cuStreamCreate || !drv.cuStreamDestroy ||
 	    !drv.cuStreamSynchronize || !drv.cuCtxSynchronize || !drv.cuEventCreate ||
 	    !drv.cuEventDestroy || !drv.cuEventRecord || !drv.cuStreamWaitEvent ||
-	    !drv.cuEventSynchronize || !drv.cuDeviceTotalMem || !drv.cuMemGetInfo) {
+	    !drv.cuEventSynchronize || !drv.cuDeviceTotalMem || !drv.cuMemGetInfo ||
+	    !drv.cuMemGetAllocationGranularity || !drv.cuMemAddressReserve ||
+	    !drv.cuMemAddressFree || !drv.cuMemCreate || !drv.cuMemRelease || !drv.cuMemMap ||
+	    !drv.cuMemUnmap || !drv.cuMemSetAccess) {
 		fprintf(stderr, "sop-bench: %s lacks entry points the harness needs\n", target);
 		return 1;
 	}

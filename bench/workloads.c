@@ -642,52 +642,64 @@ struct handoff_events {
 
 /* Allocate on A, fill it there, record an event on A, make B wait on it, free on B. Every
  * HANDOFF_AHEAD / 2 iterations an event on B marks progress, and the host waits for the mark
- * two back: through the side's own event synchronize, which each allocator sees. */
+ * two back: through the side's own event synchronize, which each allocator sees. sd NULL: the
+ * same loop on buf, allocated beforehand, through the driver's own calls and with no allocator:
+ * the floor under every side. */
 static void
 handoff_run(const struct side *sd, const struct handoff_events *e, size_t size, long n, CUstream a,
-	    CUstream b, struct metric *host, struct metric *gpu, long *stalls)
+	    CUstream b, void *buf, struct metric *host, struct metric *gpu, long *stalls)
 {
 	const long step = HANDOFF_AHEAD / 2;
+	enum side_kind kind = sd ? sd->kind : SIDE_IDEAL;
 	struct span sp;
 	CUresult r;
 	double t;
 	long i;
 
-	span_begin(&sp, sd->kind);
+	span_begin(&sp, kind);
 	for (i = 0; i < n; i++) {
 		CUevent ev = e->ev[i % HANDOFF_EVENTS];
-		void *p;
+		void *p = buf;
 
 		if (i % step == 0) {
 			long mark = i / step;
+			CUevent now = e->ahead[mark % 4];
 
-			if (mark >= 2)
-				CHECK(side_event_sync(sd, e->ahead[(mark - 2) % 4]));
-			CHECK(side_record(sd, e->ahead[mark % 4], b));
+			if (mark >= 2) {
+				CUevent back = e->ahead[(mark - 2) % 4];
+
+				CHECK(sd ? side_event_sync(sd, back)
+					 : drv.cuEventSynchronize(back));
+			}
+			CHECK(sd ? side_record(sd, now, b) : drv.cuEventRecord(now, b));
 		}
-		r = side_alloc(sd, &p, size, a);
-		if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-			/* Memory pending on B that the allocator could not reuse: wait for it
-			 * rather than end the run, and say so in the report. */
-			CHECK(side_ctx_sync(sd));
-			(*stalls)++;
+		if (sd) {
 			r = side_alloc(sd, &p, size, a);
+			if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+				/* Memory pending on B that the allocator could not reuse: wait
+				 * for it rather than end the run, and say so in the report. */
+				CHECK(side_ctx_sync(sd));
+				(*stalls)++;
+				r = side_alloc(sd, &p, size, a);
+			}
+			CHECK(r);
 		}
-		CHECK(r);
 		if (env.kernels)
 			launch_fill(p, size, (unsigned)i, a);
-		CHECK(side_record(sd, ev, a));
-		CHECK(side_wait(sd, b, ev));
-		CHECK(side_free(sd, p, b));
+		CHECK(sd ? side_record(sd, ev, a) : drv.cuEventRecord(ev, a));
+		CHECK(sd ? side_wait(sd, b, ev) : drv.cuStreamWaitEvent(b, ev, 0));
+		if (sd)
+			CHECK(side_free(sd, p, b));
 	}
 	t = span_end(&sp, host, (double)n);
-	CHECK(side_ctx_sync(sd));
+	CHECK(sd ? side_ctx_sync(sd) : drv.cuCtxSynchronize());
 	if (host) {
-		metric_add(host, sd->kind, t / (double)n / 1e3);
-		metric_add(gpu, sd->kind, (now_ns() - sp.t0) / (double)n / 1e3);
+		metric_add(host, kind, t / (double)n / 1e3);
+		metric_add(gpu, kind, (now_ns() - sp.t0) / (double)n / 1e3);
 	}
 }
 
+/* sd NULL: the floor's events, destroyed through the driver. */
 static void
 handoff_events(const struct side *sd, struct handoff_events *e, bool create)
 {
@@ -699,7 +711,7 @@ handoff_events(const struct side *sd, struct handoff_events *e, bool create)
 		if (create)
 			CHECK(drv.cuEventCreate(ev, CU_EVENT_DISABLE_TIMING));
 		else
-			CHECK(side_event_destroy(sd, *ev));
+			CHECK(sd ? side_event_destroy(sd, *ev) : drv.cuEventDestroy(*ev));
 	}
 }
 
@@ -710,22 +722,30 @@ wl_handoff(void)
 	static const size_t sizes_smoke[] = {64 * KiB};
 	long iters = scaled(5000, 1000, 100);
 	int n_sizes = opts.level == LEVEL_SMOKE ? N_OF(sizes_smoke) : N_OF(sizes_full);
+	bool floor_on = side_allowed(SIDE_IDEAL);
 	CUstream a = stream_new(), b = stream_new();
+	struct side aux;
 	char label[32];
 	int c, r, i;
 
 	describe("Per iteration: allocate on stream A, fill the block with a kernel on A, record "
 		 "an event on A, make stream B wait on it, free on B; %ld iterations per run, the "
 		 "host at most %d iterations ahead of the GPU. Host time is the loop; time to "
-		 "completion runs until the context is synchronized. Fresh pools per size.%s",
+		 "completion runs until the context is synchronized. Fresh pools per size. "
+		 "no-alloc runs the same loop on a buffer allocated beforehand: the floor the "
+		 "allocators' loops sit on; a side's time minus it is the allocator's own share.%s",
 		 iters, HANDOFF_AHEAD, env.kernels ? "" : " No kernels here: no fill.");
+	/* The floor's buffer comes from a pool of its own, outside the pools measured. */
+	if (floor_on)
+		side_open(&aux, SIDE_SOP, UINT64_MAX, 0);
 	for (c = 0; c < n_sizes && budget_left("handoff"); c++) {
 		size_t size = sizes_full[c];
 		struct side sd[N_SIDES];
-		struct handoff_events ev[N_SIDES];
+		struct handoff_events ev[N_SIDES], fev;
 		int n = sides_open(sd, SOP_AND_POOL, UINT64_MAX, 0);
 		struct metric *host, *gpu, *mem;
 		long stalls[N_SIDES] = {0};
+		void *buf = NULL;
 
 		fmt_size(label, sizeof label, size);
 		host =
@@ -735,13 +755,22 @@ wl_handoff(void)
 		mem = metric_new("handoff", "", label, "reserved-high", "MiB", (double)size, false);
 		for (i = 0; i < n; i++) {
 			handoff_events(&sd[i], &ev[i], true);
-			handoff_run(&sd[i], &ev[i], size, iters / 10 + 1, a, b, NULL, NULL,
+			handoff_run(&sd[i], &ev[i], size, iters / 10 + 1, a, b, NULL, NULL, NULL,
 				    &stalls[sd[i].kind]);
 		}
-		for (r = 0; r < opts.reps; r++)
+		if (floor_on) {
+			CHECK(side_alloc(&aux, &buf, size, a));
+			CHECK(side_sync(&aux, a));
+			handoff_events(NULL, &fev, true);
+			handoff_run(NULL, &fev, size, iters / 10 + 1, a, b, buf, NULL, NULL, NULL);
+		}
+		for (r = 0; r < opts.reps; r++) {
 			for (i = 0; i < n; i++)
-				handoff_run(&sd[i], &ev[i], size, iters, a, b, host, gpu,
+				handoff_run(&sd[i], &ev[i], size, iters, a, b, NULL, host, gpu,
 					    &stalls[sd[i].kind]);
+			if (floor_on)
+				handoff_run(NULL, &fev, size, iters, a, b, buf, host, gpu, NULL);
+		}
 		for (i = 0; i < n; i++) {
 			metric_add(mem, sd[i].kind,
 				   (double)side_attr(&sd[i], CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) /
@@ -753,11 +782,18 @@ wl_handoff(void)
 				     "context to go on",
 				     label, side_names[sd[i].kind], stalls[sd[i].kind]);
 		}
+		if (floor_on) {
+			handoff_events(NULL, &fev, false);
+			CHECK(side_free(&aux, buf, a));
+			CHECK(side_sync(&aux, a));
+		}
 		metric_done(host);
 		metric_done(gpu);
 		metric_done(mem);
 		sides_close(sd, n);
 	}
+	if (floor_on)
+		side_close(&aux);
 	stream_free(a);
 	stream_free(b);
 }
@@ -871,6 +907,9 @@ wl_fragmentation(void)
 
 /* ---- growth --------------------------------------------------------------------------------- */
 
+/* The step both pools grow by: what the first allocation maps, and the regrow size. */
+#define GROWTH_SEGMENT (32 * MiB)
+
 static void
 regrow_run(const struct side *sd, size_t size, long n, CUstream s)
 {
@@ -885,29 +924,96 @@ regrow_run(const struct side *sd, size_t size, long n, CUstream s)
 	}
 }
 
+/* The floor of growth: the bare virtual memory calls that map and unmap one segment on a range
+ * reserved beforehand, as any pool built on the public API must make them. */
+struct vmm {
+	CUmemAllocationProp prop;
+	CUmemAccessDesc access;
+	CUdeviceptr va;
+	size_t size;
+};
+
+static void
+vmm_reserve(struct vmm *v, size_t size)
+{
+	size_t gran;
+
+	memset(v, 0, sizeof *v);
+	v->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	v->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	v->prop.location.id = env.dev;
+	v->access.location = v->prop.location;
+	v->access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	CHECK(drv.cuMemGetAllocationGranularity(&gran, &v->prop,
+						CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+	v->size = (size + gran - 1) / gran * gran;
+	CHECK(drv.cuMemAddressReserve(&v->va, v->size, gran, 0, 0));
+}
+
+static CUmemGenericAllocationHandle
+vmm_map(const struct vmm *v)
+{
+	CUmemGenericAllocationHandle h;
+
+	CHECK(drv.cuMemCreate(&h, v->size, &v->prop, 0));
+	CHECK(drv.cuMemMap(v->va, v->size, 0, h, 0));
+	CHECK(drv.cuMemSetAccess(v->va, v->size, &v->access, 1));
+	return h;
+}
+
+static void
+vmm_unmap(const struct vmm *v, CUmemGenericAllocationHandle h)
+{
+	CHECK(drv.cuMemUnmap(v->va, v->size));
+	CHECK(drv.cuMemRelease(h));
+}
+
+/* What a pool with release threshold 0 must call per regrow_run iteration. */
+static void
+regrow_floor(const struct vmm *v, long n, CUstream s)
+{
+	long i;
+
+	for (i = 0; i < n; i++) {
+		CUmemGenericAllocationHandle h = vmm_map(v);
+
+		CHECK(drv.cuStreamSynchronize(s));
+		vmm_unmap(v, h);
+	}
+}
+
 void
 wl_growth(void)
 {
 	static const enum side_kind kinds[] = {SIDE_SOP, SIDE_POOL};
 	long n = scaled(200, 50, 5);
+	bool floor_on = side_allowed(SIDE_IDEAL);
 	CUstream s = stream_new();
 	struct metric *create, *first, *destroy, *regrow;
 	struct side sd[N_SIDES];
+	struct vmm v;
 	int n_sides, r, i;
 
 	describe("Fresh pool, release threshold UINT64_MAX: create it, time the first 1 MiB "
 		 "allocation (which maps the first segment), free, synchronize, destroy. Then, "
 		 "threshold 0: allocate 32 MiB, free, synchronize the stream, %ld times per run: "
-		 "each synchronize hands the memory back and the next allocation maps it again.",
+		 "each synchronize hands the memory back and the next allocation maps it again. "
+		 "no-alloc is the bare driver calls the step needs, on an address range reserved "
+		 "beforehand: cuMemCreate, cuMemMap and cuMemSetAccess of one 32 MiB segment for "
+		 "the first allocation; those, cuStreamSynchronize, cuMemUnmap and cuMemRelease "
+		 "per regrow iteration. It is the floor under any pool built on the public "
+		 "virtual memory API.",
 		 n);
 	create = metric_new("growth", "fresh pool", "create", "pool create", "us", 0, false);
 	first = metric_new("growth", "fresh pool", "first allocation (1 MiB)", "host time", "us", 0,
 			   false);
 	destroy = metric_new("growth", "fresh pool", "destroy", "pool destroy", "us", 0, false);
 	for (r = 0; r < opts.reps && budget_left("growth"); r++) {
+		CUmemGenericAllocationHandle h;
+		struct span sp;
+
 		for (i = 0; i < N_OF(kinds); i++) {
 			struct side one;
-			struct span sp;
 			double t0;
 			void *p;
 
@@ -926,6 +1032,14 @@ wl_growth(void)
 			side_close(&one);
 			metric_add(destroy, kinds[i], (now_ns() - t0) / 1e3);
 		}
+		if (!floor_on)
+			continue;
+		vmm_reserve(&v, GROWTH_SEGMENT);
+		span_begin(&sp, SIDE_IDEAL);
+		h = vmm_map(&v);
+		metric_add(first, SIDE_IDEAL, span_end(&sp, NULL, 0) / 1e3);
+		vmm_unmap(&v, h);
+		CHECK(drv.cuMemAddressFree(v.va, v.size));
 	}
 	metric_done(create);
 	metric_done(first);
@@ -937,17 +1051,28 @@ wl_growth(void)
 			    0, false);
 	n_sides = sides_open(sd, SOP_AND_POOL, 0, 0);
 	for (i = 0; i < n_sides; i++)
-		regrow_run(&sd[i], 32 * MiB, 2, s);
+		regrow_run(&sd[i], GROWTH_SEGMENT, 2, s);
+	if (floor_on) {
+		vmm_reserve(&v, GROWTH_SEGMENT);
+		regrow_floor(&v, 2, s);
+	}
 	for (r = 0; r < opts.reps && budget_left("growth"); r++) {
-		for (i = 0; i < n_sides; i++) {
-			struct span sp;
+		struct span sp;
 
+		for (i = 0; i < n_sides; i++) {
 			span_begin(&sp, sd[i].kind);
-			regrow_run(&sd[i], 32 * MiB, n, s);
+			regrow_run(&sd[i], GROWTH_SEGMENT, n, s);
 			metric_add(regrow, sd[i].kind,
 				   span_end(&sp, regrow, (double)n) / (double)n / 1e3);
 		}
+		if (!floor_on)
+			continue;
+		span_begin(&sp, SIDE_IDEAL);
+		regrow_floor(&v, n, s);
+		metric_add(regrow, SIDE_IDEAL, span_end(&sp, NULL, 0) / (double)n / 1e3);
 	}
+	if (floor_on)
+		CHECK(drv.cuMemAddressFree(v.va, v.size));
 	metric_done(regrow);
 	sides_close(sd, n_sides);
 	stream_free(s);
