@@ -1,0 +1,123 @@
+/* placement.c - where a stream's own memory goes: frees merge with the stream's cached neighbours
+ * of another size, equal-size neighbours stay apart so that a batch of one size is reused whole,
+ * and a stream splits its own memory only when the heap holds no tighter fit. The stream is kept
+ * busy behind a gate throughout, so that no free completes and every answer comes from these
+ * rules alone. */
+#include "helpers.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+/* Blocks freed on a stream next to each other, of different sizes, come back as one. */
+static void
+merge_different(CUstream s)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	void *a, *b, *c, *guard, *p;
+
+	TH_OK(sop_malloc_from_pool_async(&a, 16 * KiB, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&b, 48 * KiB, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&c, 16 * KiB, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&guard, 4 * KiB, pool, s));
+	/* Fresh segment, carved in order: the four are neighbours. */
+	TH_EQ((char *)b - (char *)a, (long)(16 * KiB));
+	TH_EQ((char *)c - (char *)b, (long)(48 * KiB));
+	TH_EQ((char *)guard - (char *)c, (long)(16 * KiB));
+	TH_OK(sop_free_async(a, s));
+	TH_OK(sop_free_async(c, s));
+	/* b joins c after it and a before it: 80 KiB at a. */
+	TH_OK(sop_free_async(b, s));
+	TH_CHECK(pool);
+	TH_OK(sop_malloc_from_pool_async(&p, 80 * KiB, pool, s));
+	TH_ASSERT(p == a);
+	TH_CHECK(pool);
+	TH_OK(sop_free_async(p, s));
+	TH_OK(sop_free_async(guard, s));
+	TH_OK(sop_pool_destroy(pool));
+}
+
+/* A run of equal blocks freed on a stream is handed back block by block, unsplit. */
+static void
+equal_apart(CUstream s)
+{
+	enum { K = 8 };
+	sop_pool_t pool = th_pool(0, 0);
+	void *first[K], *again[K], *p;
+	int i, j;
+
+	for (i = 0; i < K; i++) {
+		TH_OK(sop_malloc_from_pool_async(&first[i], 64 * KiB, pool, s));
+		if (i)
+			TH_EQ((char *)first[i] - (char *)first[i - 1], (long)(64 * KiB));
+	}
+	for (i = 0; i < K; i++)
+		TH_OK(sop_free_async(first[i], s));
+	TH_CHECK(pool);
+	for (i = 0; i < K; i++) {
+		bool found = false;
+		TH_OK(sop_malloc_from_pool_async(&again[i], 64 * KiB, pool, s));
+		for (j = 0; j < K; j++)
+			found |= again[i] == first[j];
+		TH_ASSERT(found);
+		for (j = 0; j < i; j++)
+			TH_ASSERT(again[j] != again[i]);
+	}
+	TH_CHECK(pool);
+	for (i = 0; i < K; i++)
+		TH_OK(sop_free_async(again[i], s));
+	/* The price: two of them cannot serve a request of twice the size, which comes from
+	 * elsewhere. */
+	TH_OK(sop_malloc_from_pool_async(&p, 128 * KiB, pool, s));
+	TH_ASSERT((char *)p < (char *)first[0] || (char *)p >= (char *)first[K - 1] + 64 * KiB);
+	TH_CHECK(pool);
+	TH_OK(sop_free_async(p, s));
+	TH_OK(sop_pool_destroy(pool));
+}
+
+/* The stream holds a large cached block; the heap holds a block that fits the request tightly.
+ * The allocation takes the heap's, and the large block stays whole. */
+static void
+heap_beats_own(CUstream s)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	void *small, *g1, *big, *g2, *p, *q;
+
+	TH_OK(sop_malloc_from_pool_async(&small, 64 * KiB, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&g1, 4 * KiB, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&big, 8 * MiB, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&g2, 4 * KiB, pool, s));
+	TH_OK(sop_free_async(big, s)); /* cached on s, pending behind the gate */
+	TH_OK(sop_free(small));        /* vouched complete: in the heap, 64 KiB between guards */
+	TH_CHECK(pool);
+	TH_OK(sop_malloc_from_pool_async(&p, 64 * KiB, pool, s));
+	TH_ASSERT(p == small);
+	/* The large block is still whole: it serves a request of its size in place. */
+	TH_OK(sop_malloc_from_pool_async(&q, 8 * MiB, pool, s));
+	TH_ASSERT(q == big);
+	TH_CHECK(pool);
+	TH_OK(sop_free_async(p, s));
+	TH_OK(sop_free_async(q, s));
+	TH_OK(sop_free_async(g1, s));
+	TH_OK(sop_free_async(g2, s));
+	TH_OK(sop_pool_destroy(pool));
+}
+
+int
+main(void)
+{
+	struct th_gate gate;
+	CUstream s;
+
+	th_init();
+	s = th_stream();
+	th_gate_init(&gate);
+	th_gate_block(&gate, s);
+	merge_different(s);
+	equal_apart(s);
+	heap_beats_own(s);
+	th_gate_open(&gate);
+	TH_OK(sop_stream_synchronize(s));
+	th_stream_destroy(s);
+	printf("placement: ok\n");
+	return 0;
+}
