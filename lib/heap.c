@@ -55,6 +55,8 @@ sop__block_new(struct sop_pool *pool)
 {
 	struct sop__block *b;
 
+	if (!pool->spare)
+		pool->spare = atomic_exchange_explicit(&pool->returned, NULL, memory_order_acquire);
 	if (!pool->spare && !slab_add(pool))
 		return NULL;
 	b = pool->spare;
@@ -285,6 +287,31 @@ block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__block
 	*spare = n;
 }
 
+#define SPARES_LOW 8
+#define SPARES_HIGH 64
+
+/* Hand the spares of ss above SPARES_LOW back to the pool without its lock: a stream that only
+ * frees gains one with every merge and would otherwise keep them all. Pushed as one chain onto
+ * a list the pool lock holder takes whole (sop__block_new), so a compare-and-swap suffices.
+ * Stream lock held. */
+static void
+spares_shed(struct sop_pool *pool, struct sop__sstream *ss)
+{
+	struct sop__block *head = ss->spare, *tail = head, *old;
+
+	while (ss->n_spare > SPARES_LOW + 1) {
+		tail = tail->free_next;
+		ss->n_spare--;
+	}
+	ss->spare = tail->free_next;
+	ss->n_spare--;
+	old = atomic_load_explicit(&pool->returned, memory_order_relaxed);
+	do
+		tail->free_next = old;
+	while (!atomic_compare_exchange_weak_explicit(&pool->returned, &old, head,
+						      memory_order_release, memory_order_relaxed));
+}
+
 /* Whether b, a neighbour of the block being merged, is worth joining to it: cached on ss too,
  * and of another size. Two equal neighbours stay apart: a stream that frees a run of blocks of
  * one size is likely to ask for that size again, and then reuses them whole (a batch of k
@@ -327,11 +354,10 @@ sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 		b = p;
 	}
 	sop__lock_drop(&seg->lock);
+	if (ss->n_spare > SPARES_HIGH)
+		spares_shed(pool, ss);
 	return b;
 }
-
-#define SPARES_LOW 8
-#define SPARES_HIGH 64
 
 void
 sop__spares_balance(struct sop_pool *pool, struct sop__sstream *ss)
@@ -749,5 +775,6 @@ sop__heap_destroy(struct sop_pool *pool)
 	pool->slabs = NULL;
 	pool->n_slabs = pool->cap_slabs = 0;
 	pool->spare = NULL;
+	atomic_store(&pool->returned, NULL);
 	memset(&pool->heap, 0, sizeof pool->heap);
 }

@@ -544,6 +544,8 @@ struct sop_pool {
 	atomic_bool pressure;
 	_Atomic uint64_t release_threshold;
 	_Atomic uint64_t reserved, reserved_high;
+	/* Descriptors streams gave back without the pool lock; taken whole under it. */
+	_Atomic(struct sop__block *) returned;
 
 	struct sop_pool *next; /* registry list */
 };

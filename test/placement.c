@@ -102,6 +102,44 @@ heap_beats_own(CUstream s)
 	TH_OK(sop_pool_destroy(pool));
 }
 
+/* A stream that only frees, blocks of mixed sizes allocated on another: its merges free
+ * descriptors, which must go back to the pool rather than pile up on the stream. */
+static void
+free_only_stream(void)
+{
+	enum { LIVE = 64, ROUNDS = 40000 };
+	sop_pool_t pool = th_pool(0, 0);
+	CUstream a = th_stream(), b = th_stream();
+	void *live[LIVE] = {0};
+	uint64_t x = 12345;
+	size_t slabs_warm = 0;
+	int i;
+
+	for (i = 0; i < ROUNDS; i++) {
+		int k = i % LIVE;
+
+		if (live[k])
+			TH_OK(sop_free_async(live[k], b));
+		x = x * 6364136223846793005ull + 1442695040888963407ull;
+		TH_OK(sop_malloc_from_pool_async(&live[k], 512 + (size_t)(x >> 33) % (64 * KiB),
+						 pool, a));
+		if (i % 1000 == 999)
+			TH_OK(sop_stream_synchronize(b)); /* b's frees become the heap's */
+		if (i == ROUNDS / 4)
+			slabs_warm = pool->n_slabs;
+	}
+	/* The descriptors in use are bounded by the live blocks and the pieces between them;
+	 * after warming up, the pool needs no more. */
+	TH_ASSERT(pool->n_slabs <= slabs_warm + 2);
+	for (i = 0; i < LIVE; i++)
+		TH_OK(sop_free_async(live[i], b));
+	TH_OK(sop_stream_synchronize(b));
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+	th_stream_destroy(a);
+	th_stream_destroy(b);
+}
+
 int
 main(void)
 {
@@ -116,6 +154,7 @@ main(void)
 	equal_apart(s);
 	heap_beats_own(s);
 	th_gate_open(&gate);
+	free_only_stream();
 	TH_OK(sop_stream_synchronize(s));
 	th_stream_destroy(s);
 	printf("placement: ok\n");
