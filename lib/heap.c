@@ -269,10 +269,8 @@ sop__block_carve_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 	return true;
 }
 
-/* Absorb b's next neighbour into b; the neighbour is out of every bin and its descriptor goes
- * to *spare. Segment lock held. */
-static void
-block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__block **spare)
+void
+sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__block **spare)
 {
 	struct sop__block *n = b->phys_next;
 
@@ -342,14 +340,14 @@ sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 		sop__bins_remove(&ss->cache, n);
 		if (n->seq > b->seq)
 			b->seq = n->seq;
-		block_absorb_next(pool, b, &ss->spare);
+		sop__block_absorb_next(pool, b, &ss->spare);
 		ss->n_spare++;
 	}
 	while (mergeable((p = b->phys_prev), b->size, ss)) {
 		sop__bins_remove(&ss->cache, p);
 		if (b->seq > p->seq)
 			p->seq = b->seq;
-		block_absorb_next(pool, p, &ss->spare);
+		sop__block_absorb_next(pool, p, &ss->spare);
 		ss->n_spare++;
 		b = p;
 	}
@@ -406,11 +404,11 @@ sop__heap_put(struct sop_pool *pool, struct sop__block *b)
 	n = b->phys_next;
 	if (n && sop__block_state(n) == SOP_BLOCK_FREE) {
 		sop__bins_remove(&pool->heap, n);
-		block_absorb_next(pool, b, &pool->spare);
+		sop__block_absorb_next(pool, b, &pool->spare);
 	}
 	if (p && sop__block_state(p) == SOP_BLOCK_FREE) {
 		sop__bins_remove(&pool->heap, p);
-		block_absorb_next(pool, p, &pool->spare);
+		sop__block_absorb_next(pool, p, &pool->spare);
 		b = p;
 	}
 	atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_FREE), memory_order_release);

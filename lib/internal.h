@@ -323,6 +323,9 @@ struct sop__block *sop__block_merge_own(struct sop_pool *pool, struct sop__sstre
 void sop__spares_balance(struct sop_pool *pool, struct sop__sstream *ss);
 /* Give all of a stream's spare descriptors back to the pool. Pool lock held. */
 void sop__spares_return(struct sop_pool *pool, struct sop__sstream *ss);
+/* Absorb b's next neighbour into b; the neighbour is out of every bin and its descriptor goes
+ * to *spare. Segment lock held. */
+void sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__block **spare);
 /* Return a block to the heap as FREE, merging with FREE neighbours. Pool lock held. */
 void sop__heap_put(struct sop_pool *pool, struct sop__block *b);
 /* Map a new segment able to hold size bytes and put it in the heap. Pool lock held.

@@ -470,12 +470,7 @@ cache_coalesce(struct sop_pool *pool, struct sop__sstream *ss)
 				if (n->seq > b->seq)
 					b->seq = n->seq;
 			}
-			b->size += n->size;
-			b->phys_next = n->phys_next;
-			if (n->phys_next)
-				sop__link_set(&n->phys_next->phys_prev, b);
-			sop__map_set(pool, n->addr, NULL);
-			sop__block_delete(pool, n);
+			sop__block_absorb_next(pool, b, &pool->spare);
 		}
 		sop__lock_drop(&b->seg->lock);
 		sop__bins_insert(&ss->cache, b);
