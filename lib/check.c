@@ -1,11 +1,12 @@
 /* check.c - sop__pool_check: walk every structure of a pool and check its invariants.
  *
  * Tests call it after every operation; it is the definition of a consistent pool:
- *  - segments are in address order, inside the reservation, not overlapping, and add up to the
- *    reserved statistic;
+ *  - segments are in address order, inside the reservation, not overlapping; their pieces are
+ *    in address order inside them, in whole granules, and add up to the reserved statistic;
  *  - blocks tile each segment exactly, with consistent neighbour links, 512-byte sizes, tags that
  *    match their address, and a map entry at their start;
- *  - no two FREE blocks are neighbours (the heap merges them);
+ *  - the HOLE blocks are exactly the parts of a segment that no piece backs, each on the pool's
+ *    list of holes; no two FREE blocks, and no two HOLE blocks, are neighbours;
  *  - the heap holds exactly the FREE blocks, each stream cache exactly the CACHED blocks of that
  *    stream, every block in the list its size maps to, and the bitmaps (and the lock-free
  *    hint) say which lists are non-empty;
@@ -58,6 +59,7 @@ sop__pool_check(struct sop_pool *pool)
 {
 	size_t reserved = 0, n_free = 0, n_cached = 0, n_cached_streams = 0;
 	uint64_t used = 0;
+	size_t n_holes = 0;
 	struct sop__segment *seg, *prev_seg = NULL;
 	struct sop__sstream *ss;
 	struct sop__block *b;
@@ -74,17 +76,60 @@ sop__pool_check(struct sop_pool *pool)
 		CHECK(!prev_seg || prev_seg->va + prev_seg->size <= seg->va);
 		CHECK(seg->size && seg->size % pool->granularity == 0);
 		CHECK(seg->first && !seg->first->phys_prev);
-		reserved += seg->size;
+		CHECK(seg->pieces && seg->mapped);
+		{
+			struct sop__piece *pc;
+			size_t mapped = 0;
+			CUdeviceptr after = seg->va;
+
+			for (pc = seg->pieces; pc; pc = pc->next) {
+				CHECK(pc->va >= after && pc->va + pc->size <= seg->va + seg->size);
+				CHECK(pc->size && pc->size % pool->granularity == 0 &&
+				      (pc->va - pool->va_base) % pool->granularity == 0);
+				after = pc->va + pc->size;
+				mapped += pc->size;
+			}
+			CHECK(mapped == seg->mapped);
+			reserved += mapped;
+		}
 		for (b = seg->first; b; b = b->phys_next) {
 			enum sop__state st = sop__block_state(b);
+			struct sop__piece *pc;
+			bool backed = false;
+
+			/* Backed whole by pieces, or by none at all (a HOLE). */
+			{
+				CUdeviceptr at = b->addr, bend = b->addr + b->size;
+				for (pc = seg->pieces; pc && at < bend; pc = pc->next) {
+					if (pc->va + pc->size <= at)
+						continue;
+					if (pc->va > at)
+						break;
+					at = pc->va + pc->size;
+				}
+				backed = at >= bend;
+				for (pc = seg->pieces; pc; pc = pc->next)
+					if (st == SOP_BLOCK_HOLE)
+						CHECK(pc->va + pc->size <= b->addr ||
+						      pc->va >= bend);
+			}
+			CHECK(st == SOP_BLOCK_HOLE || backed);
 
 			CHECK(b->addr == end && b->seg == seg);
 			CHECK(b->size && b->size % SOP_ALIGN == 0);
 			CHECK(atomic_load(&b->tag) == sop__tag(b->addr, st));
 			CHECK(sop__map_get(pool, b->addr) == b);
 			CHECK(!b->phys_next || b->phys_next->phys_prev == b);
-			CHECK(st == SOP_BLOCK_FREE || st == SOP_BLOCK_ALLOC || st == SOP_BLOCK_CACHED);
-			if (st == SOP_BLOCK_FREE) {
+			CHECK(st == SOP_BLOCK_FREE || st == SOP_BLOCK_ALLOC || st == SOP_BLOCK_CACHED ||
+			      st == SOP_BLOCK_HOLE);
+			if (st == SOP_BLOCK_HOLE) {
+				struct sop__block *h;
+				CHECK(!b->phys_next || sop__block_state(b->phys_next) != SOP_BLOCK_HOLE);
+				for (h = pool->holes; h && h != b; h = h->free_next)
+					;
+				CHECK(h == b);
+				n_holes++;
+			} else if (st == SOP_BLOCK_FREE) {
 				CHECK(!b->phys_next || sop__block_state(b->phys_next) != SOP_BLOCK_FREE);
 				n_free++;
 			} else if (st == SOP_BLOCK_ALLOC) {
@@ -98,6 +143,9 @@ sop__pool_check(struct sop_pool *pool)
 		}
 		CHECK(end == seg->va + seg->size);
 	}
+	for (b = pool->holes; b; b = b->free_next)
+		n_holes--;
+	CHECK(n_holes == 0);
 	CHECK(reserved == atomic_load(&pool->reserved));
 	CHECK(reserved <= atomic_load(&pool->reserved_high));
 	CHECK(!pool->max_size || reserved <= pool->max_size);

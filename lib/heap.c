@@ -390,7 +390,7 @@ sop__spares_return(struct sop_pool *pool, struct sop__sstream *ss)
 	ss->n_spare = 0;
 }
 
-void
+struct sop__block *
 sop__heap_put(struct sop_pool *pool, struct sop__block *b)
 {
 	struct sop__segment *seg = b->seg;
@@ -414,6 +414,7 @@ sop__heap_put(struct sop_pool *pool, struct sop__block *b)
 	atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_FREE), memory_order_release);
 	sop__lock_drop(&seg->lock);
 	sop__bins_insert(&pool->heap, b);
+	return b;
 }
 
 /* ---- Virtual address extents (growth path only: a short first-fit list) -------------------- */
@@ -472,7 +473,7 @@ va_give(struct sop_pool *pool, size_t off, size_t size)
 	*pp = e;
 }
 
-/* ---- Segments --------------------------------------------------------------------------- */
+/* ---- Segments and pieces ---------------------------------------------------------------- */
 
 static void
 reserved_add(struct sop_pool *pool, size_t size)
@@ -516,9 +517,83 @@ segment_unlink(struct sop_pool *pool, struct sop__segment *seg)
 	pool->n_segments--;
 }
 
+/* HOLE blocks are in no bin; the pool keeps them on a list of their own for growth to search. */
+static void
+hole_link(struct sop_pool *pool, struct sop__block *h)
+{
+	h->free_prev = NULL;
+	h->free_next = pool->holes;
+	if (pool->holes)
+		pool->holes->free_prev = h;
+	pool->holes = h;
+}
+
+static void
+hole_unlink(struct sop_pool *pool, struct sop__block *h)
+{
+	if (h->free_prev)
+		h->free_prev->free_next = h->free_next;
+	else
+		pool->holes = h->free_next;
+	if (h->free_next)
+		h->free_next->free_prev = h->free_prev;
+	h->free_next = h->free_prev = NULL;
+}
+
+/* A new segment of size bytes of the reservation (min if that much is not to be had), all one
+ * HOLE block. */
+static struct sop__segment *
+segment_new(struct sop_pool *pool, size_t size, size_t min, const struct sop__sstream *home)
+{
+	struct sop__segment *seg = calloc(1, sizeof *seg);
+	struct sop__block *h = NULL;
+	size_t off;
+
+	if (!seg)
+		return NULL;
+	if (!va_take(pool, size, &off)) {
+		size = min;
+		if (!va_take(pool, size, &off)) {
+			free(seg);
+			return NULL;
+		}
+	}
+	if (!map_reserve(pool, pool->va_base + off) || !(h = sop__block_new(pool))) {
+		va_give(pool, off, size);
+		free(seg);
+		return NULL;
+	}
+	seg->va = pool->va_base + off;
+	seg->size = size;
+	seg->first = h;
+	seg->home = home;
+	h->addr = seg->va;
+	h->size = size;
+	h->seg = seg;
+	atomic_store_explicit(&h->tag, sop__tag(h->addr, SOP_BLOCK_HOLE), memory_order_release);
+	sop__map_set(pool, h->addr, h);
+	hole_link(pool, h);
+	segment_link(pool, seg);
+	return seg;
+}
+
+/* Give back a segment that is one HOLE block again. */
+static void
+segment_drop(struct sop_pool *pool, struct sop__segment *seg)
+{
+	struct sop__block *h = seg->first;
+
+	hole_unlink(pool, h);
+	sop__map_set(pool, h->addr, NULL);
+	sop__block_delete(pool, h);
+	segment_unlink(pool, seg);
+	va_give(pool, seg->va - pool->va_base, seg->size);
+	free(seg);
+}
+
 /* Create, map and open one physical allocation of size bytes at va. */
 static CUresult
-segment_map(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle *h)
+piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle *h)
 {
 	CUmemAllocationProp prop = {0};
 	CUmemAccessDesc *desc;
@@ -555,202 +630,597 @@ out:
 	return r;
 }
 
-/* The size of the segment to add for a request of size bytes. */
-static size_t
-segment_size(struct sop_pool *pool, size_t size)
+static void
+piece_link(struct sop__segment *seg, struct sop__piece *pc)
 {
-	size_t need = sop__round_up(size, pool->granularity);
-	size_t want = need > SOP_SEGMENT_MIN ? need : sop__round_up(SOP_SEGMENT_MIN, pool->granularity);
+	struct sop__piece **pp = &seg->pieces;
+
+	while (*pp && (*pp)->va < pc->va)
+		pp = &(*pp)->next;
+	pc->next = *pp;
+	*pp = pc;
+	seg->mapped += pc->size;
+}
+
+static void
+piece_unlink(struct sop__segment *seg, struct sop__piece *pc)
+{
+	struct sop__piece **pp = &seg->pieces;
+
+	while (*pp != pc)
+		pp = &(*pp)->next;
+	*pp = pc->next;
+	seg->mapped -= pc->size;
+}
+
+/* ---- Growth ----------------------------------------------------------------------------- */
+
+/* Where growth maps a piece: in hole, at its start or its end, size bytes; least is the
+ * fewest that still make the request fit there (what is mapped when the device cannot back
+ * size). No hole: a new segment. */
+struct plan {
+	struct sop__block *hole;
+	bool at_end;
+	size_t size, least;
+};
+
+/* The bytes of b a new piece next to it joins with: FREE ones, or ones cached on ss (which ss
+ * may reuse at once). Stream and segment locks held. */
+static size_t
+joinable(struct sop__block *b, const struct sop__sstream *ss)
+{
+	enum sop__state st;
+
+	if (!b)
+		return 0;
+	st = sop__block_state(b);
+	if (st == SOP_BLOCK_FREE || (ss && st == SOP_BLOCK_CACHED && sop__block_owner(b) == ss))
+		return b->size;
+	return 0;
+}
+
+/* The bytes to map in room bytes of a hole so that, joined with have bytes next to it, a block
+ * of size bytes fits: whole granules, and at least a growth step (the driver's), except near
+ * maxSize, where only what is needed. 0 if it cannot fit there. */
+static size_t
+span(struct sop_pool *pool, size_t size, size_t have, size_t room, size_t *least)
+{
+	size_t g = pool->granularity;
+	size_t lo = size > have ? sop__round_up(size - have, g) : g;
+	size_t want = sop__round_up(SOP_SEGMENT_MIN, g);
 	uint64_t reserved = atomic_load(&pool->reserved);
 
-	/* Near the cap, map only what the request needs. */
+	if (lo > room || (pool->max_size && reserved + lo > pool->max_size))
+		return 0;
+	if (want < lo)
+		want = lo;
+	if (want > room)
+		want = room;
 	if (pool->max_size && reserved + want > pool->max_size)
-		want = need;
+		want = lo;
+	*least = lo;
 	return want;
 }
 
-CUresult
-sop__heap_grow(struct sop_pool *pool, size_t size)
+static void
+plan_offer(struct plan *best, struct sop__block *h, bool at_end, size_t size, size_t least)
 {
-	size_t need = sop__round_up(size, pool->granularity);
-	size_t seg_size = segment_size(pool, size);
-	uint64_t reserved = atomic_load(&pool->reserved);
-	struct sop__segment *seg = NULL;
-	struct sop__block *b = NULL;
-	size_t off;
-	CUresult r;
-
-	if (need < size || (pool->max_size && reserved + need > pool->max_size))
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	seg = calloc(1, sizeof *seg);
-	b = sop__block_new(pool);
-	if (!seg || !b) {
-		r = CUDA_ERROR_OUT_OF_MEMORY;
-		goto fail;
-	}
-	if (!va_take(pool, seg_size, &off)) {
-		seg_size = need;
-		if (!va_take(pool, seg_size, &off)) {
-			r = CUDA_ERROR_OUT_OF_MEMORY;
-			goto fail;
-		}
-	}
-	if (!map_reserve(pool, pool->va_base + off)) {
-		va_give(pool, off, seg_size);
-		r = CUDA_ERROR_OUT_OF_MEMORY;
-		goto fail;
-	}
-	r = sop__pool_ctx_push(pool);
-	if (r != CUDA_SUCCESS) {
-		va_give(pool, off, seg_size);
-		goto fail;
-	}
-	r = segment_map(pool, pool->va_base + off, seg_size, &seg->handle);
-	if (r == CUDA_ERROR_OUT_OF_MEMORY && seg_size > need) {
-		/* The device cannot back a full segment; it may still back the request. */
-		va_give(pool, off + need, seg_size - need);
-		seg_size = need;
-		r = segment_map(pool, pool->va_base + off, seg_size, &seg->handle);
-	}
-	sop__pool_ctx_pop(pool);
-	if (r != CUDA_SUCCESS) {
-		va_give(pool, off, seg_size);
-		goto fail;
-	}
-
-	seg->va = pool->va_base + off;
-	seg->size = seg_size;
-	seg->first = b;
-	segment_link(pool, seg);
-	b->addr = seg->va;
-	b->size = seg_size;
-	b->seg = seg;
-	atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_FREE), memory_order_release);
-	sop__map_set(pool, b->addr, b);
-	sop__bins_insert(&pool->heap, b);
-	reserved_add(pool, seg_size);
-	return CUDA_SUCCESS;
-fail:
-	if (b)
-		sop__block_delete(pool, b);
-	free(seg);
-	return r;
+	if (!size || (best->size && best->size <= size))
+		return;
+	best->hole = h;
+	best->at_end = at_end;
+	best->size = size;
+	best->least = least;
 }
 
+/* The cheapest place for size bytes: the hole whose neighbours leave the least to map, or,
+ * with nothing to join, a hole of a segment of ss's own; else (hole NULL) a new segment.
+ * False if the request cannot fit under maxSize at all. */
 static bool
-segment_idle(const struct sop__segment *seg)
+plan_make(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct plan *pl)
 {
-	return sop__block_state(seg->first) == SOP_BLOCK_FREE && seg->first->size == seg->size;
+	struct sop__block *h;
+	size_t least = 0;
+
+	memset(pl, 0, sizeof *pl);
+	for (h = pool->holes; h; h = h->free_next) {
+		struct sop__segment *seg = h->seg;
+		size_t l, r, n;
+
+		if (ss)
+			sop__lock_take(&ss->lock);
+		sop__lock_take(&seg->lock);
+		l = joinable(h->phys_prev, ss);
+		r = joinable(h->phys_next, ss);
+		sop__lock_drop(&seg->lock);
+		if (ss)
+			sop__lock_drop(&ss->lock);
+		if (l) {
+			n = span(pool, size, l, h->size, &least);
+			plan_offer(pl, h, false, n, least);
+		}
+		if (r) {
+			n = span(pool, size, r, h->size, &least);
+			plan_offer(pl, h, true, n, least);
+		}
+		/* Filled whole, a hole joins the free memory on both sides. */
+		if (l && r && size <= l + h->size + r &&
+		    (!pool->max_size || atomic_load(&pool->reserved) + h->size <= pool->max_size))
+			plan_offer(pl, h, false, h->size, h->size);
+		if (seg->home == ss) {
+			n = span(pool, size, 0, h->size, &least);
+			plan_offer(pl, h, false, n, least);
+		}
+	}
+	if (pl->size)
+		return true;
+	pl->size = span(pool, size, 0, SIZE_MAX, &pl->least);
+	return pl->size != 0;
+}
+
+/* A new piece's block b, FREE and in no bin, joined with what a block of size bytes needs of
+ * its neighbours cached on ss: the joined block is cached on ss then (ss may use what it freed
+ * at once, others only once that completes; the new memory has no past), out of ss's bins and
+ * without an owner, like any block the slow path takes out of a cache (*from = ss), and what
+ * it does not need of b stays FREE for any stream. With nothing to join, b itself (*from =
+ * NULL). Pool lock held. */
+static struct sop__block *
+join_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b, size_t size,
+	 struct sop__sstream **from)
+{
+	struct sop__segment *seg = b->seg;
+	struct sop__block *p, *n, *d;
+	bool own_p, own_n;
+
+	*from = NULL;
+	if (!ss || b->size >= size)
+		return b;
+	d = sop__block_new(pool);
+	if (!d)
+		return b;
+	sop__lock_take(&ss->lock);
+	sop__lock_take(&seg->lock);
+	p = b->phys_prev;
+	n = b->phys_next;
+	own_p = p && sop__block_state(p) == SOP_BLOCK_CACHED && sop__block_owner(p) == ss;
+	own_n = n && sop__block_state(n) == SOP_BLOCK_CACHED && sop__block_owner(n) == ss;
+	if (own_p && p->size + b->size < size)
+		own_p = false; /* taken since the plan: too small now */
+	if (own_n && n->size + b->size < size)
+		own_n = false;
+	if (own_p && own_n && (p->size + b->size >= size))
+		own_n = false;
+	/* Only the part of b next to the joined neighbour that the request needs. */
+	if (own_p && p->size + b->size - size >= SOP_ALIGN &&
+	    map_reserve(pool, b->addr + (size - p->size))) {
+		block_split(pool, b, d, size - p->size, SOP_BLOCK_FREE);
+		sop__bins_insert(&pool->heap, d);
+		d = NULL;
+	} else if (own_n && !own_p && n->size + b->size - size >= SOP_ALIGN &&
+		   map_reserve(pool, b->addr + (b->size - (size - n->size)))) {
+		struct sop__block *head = b;
+		block_split(pool, b, d, b->size - (size - n->size), SOP_BLOCK_FREE);
+		b = d;
+		d = NULL;
+		sop__bins_insert(&pool->heap, head);
+	}
+	if (d)
+		sop__block_delete(pool, d);
+	if (own_p || own_n) {
+		if (own_p) {
+			sop__bins_remove(&ss->cache, p);
+			sop__block_absorb_next(pool, p, &pool->spare);
+			b = p;
+		} else {
+			b->seq = 0;
+		}
+		if (own_n) {
+			sop__bins_remove(&ss->cache, n);
+			if (n->seq > b->seq)
+				b->seq = n->seq;
+			sop__block_absorb_next(pool, b, &pool->spare);
+		}
+		atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_CACHED),
+				      memory_order_release);
+		sop__block_set_owner(b, NULL);
+		*from = ss;
+	}
+	sop__lock_drop(&seg->lock);
+	sop__lock_drop(&ss->lock);
+	return b;
+}
+
+static CUresult release_idle(struct sop_pool *pool, size_t target, size_t floor,
+			     size_t at_least);
+
+/* New segments take this much of the reservation (or what the request needs, if more): room
+ * for later pieces to join the first. */
+static size_t
+segment_room(struct sop_pool *pool)
+{
+	size_t room = pool->va_size / 32;
+
+	if (room > ((size_t)16 << 30))
+		room = (size_t)16 << 30;
+	room = room / pool->granularity * pool->granularity;
+	return room > SOP_SEGMENT_MIN ? room : sop__round_up(SOP_SEGMENT_MIN, pool->granularity);
 }
 
 static CUresult
-segment_release(struct sop_pool *pool, struct sop__segment *seg)
+grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__block **out,
+     struct sop__sstream **from)
 {
+	struct sop__block *d[2] = {NULL, NULL}, *h, *b;
+	struct sop__segment *fresh = NULL, *seg;
+	struct sop__piece *pc = NULL;
+	CUdeviceptr at;
+	struct plan pl;
 	CUresult r;
+	int k = 0;
 
+	if (!plan_make(pool, ss, size, &pl))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	/* Wholly free pieces that add up to what would be mapped are given back first: the new
+	 * piece replaces memory that could not serve the request instead of adding to it (the
+	 * driver's "defragment by remapping unused memory"). The releases may open a better
+	 * place, so the plan is made again. */
+	if (release_idle(pool, (size_t)atomic_load(&pool->reserved) - pl.size, 0, pl.size) ==
+		    CUDA_SUCCESS &&
+	    !plan_make(pool, ss, size, &pl))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+
+	pc = calloc(1, sizeof *pc);
+	d[0] = sop__block_new(pool);
+	d[1] = sop__block_new(pool);
+	if (!pc || !d[0] || !d[1]) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+		goto fail;
+	}
+	if (!pl.hole) {
+		size_t room = segment_room(pool);
+		fresh = segment_new(pool, room > pl.size ? room : pl.size, pl.size, ss);
+		if (!fresh) {
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+			goto fail;
+		}
+		pl.hole = fresh->first;
+	}
+	h = pl.hole;
+	seg = h->seg;
 	r = sop__pool_ctx_push(pool);
 	if (r != CUDA_SUCCESS)
-		return r;
-	r = SOP_DRV(cuMemUnmap)(seg->va, seg->size);
+		goto fail;
+	for (;;) {
+		at = pl.at_end ? h->addr + h->size - pl.size : h->addr;
+		if (!map_reserve(pool, at) ||
+		    (at + pl.size < h->addr + h->size && !map_reserve(pool, at + pl.size))) {
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+			break;
+		}
+		r = piece_map(pool, at, pl.size, &pc->handle);
+		/* The device cannot back the full step; it may still back the request. */
+		if (r != CUDA_ERROR_OUT_OF_MEMORY || pl.size == pl.least)
+			break;
+		pl.size = pl.least;
+	}
+	sop__pool_ctx_pop(pool);
+	if (r != CUDA_SUCCESS)
+		goto fail;
+
+	pc->va = at;
+	pc->size = pl.size;
+	sop__lock_take(&seg->lock);
+	b = h;
+	if (at > h->addr) {
+		block_split(pool, h, d[k], at - h->addr, SOP_BLOCK_HOLE);
+		b = d[k++];
+	} else {
+		hole_unlink(pool, h);
+	}
+	if (b->size > pc->size) {
+		block_split(pool, b, d[k], pc->size, SOP_BLOCK_HOLE);
+		hole_link(pool, d[k++]);
+	}
+	piece_link(seg, pc);
+	sop__lock_drop(&seg->lock);
+	reserved_add(pool, pc->size);
+	while (k < 2)
+		sop__block_delete(pool, d[k++]);
+	b = sop__heap_put(pool, b);
+	sop__bins_remove(&pool->heap, b);
+	*out = join_own(pool, ss, b, size, from);
+	return CUDA_SUCCESS;
+fail:
+	if (fresh)
+		segment_drop(pool, fresh);
+	for (k = 0; k < 2; k++)
+		if (d[k])
+			sop__block_delete(pool, d[k]);
+	free(pc);
+	return r;
+}
+
+CUresult
+sop__heap_grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size,
+	       struct sop__block **out, struct sop__sstream **from)
+{
+	int tries;
+
+	/* The plan counts on the blocks next to the hole. Those cached on ss may be taken by
+	 * another thread on ss while the driver maps (the pool lock does not keep them): then
+	 * the result is too small, goes back, and the plan is made again. */
+	for (tries = 0; tries < 4; tries++) {
+		CUresult r = grow(pool, ss, size, out, from);
+
+		if (r != CUDA_SUCCESS || (*out)->size >= size)
+			return r;
+		if (*from) {
+			sop__lock_take(&ss->lock);
+			sop__block_set_owner(*out, ss);
+			sop__bins_insert(&ss->cache, *out);
+			sop__lock_drop(&ss->lock);
+		} else {
+			sop__bins_insert(&pool->heap, *out);
+		}
+	}
+	return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* ---- Release ---------------------------------------------------------------------------- */
+
+/* A piece that one FREE block covers whole. */
+struct idle {
+	struct sop__piece *pc;
+	struct sop__block *f;
+};
+
+/* Every idle piece, found from the FREE blocks (few, since they merge), never from walking
+ * every block. Pool lock held. */
+static struct idle *
+idle_collect(struct sop_pool *pool, size_t *count, size_t *bytes)
+{
+	struct sop__bins *heap = &pool->heap;
+	struct idle *v = NULL;
+	size_t n = 0, cap = 0;
+	uint64_t fls = heap->fl_bitmap;
+
+	*bytes = 0;
+	while (fls) {
+		unsigned fl = (unsigned)__builtin_ctzll(fls);
+		uint32_t sls = heap->sl_bitmap[fl];
+
+		fls &= fls - 1;
+		while (sls) {
+			unsigned sl = (unsigned)__builtin_ctz(sls);
+			struct sop__block *f;
+
+			sls &= sls - 1;
+			for (f = heap->head[fl][sl]; f; f = f->free_next) {
+				CUdeviceptr end = f->addr + f->size;
+				struct sop__piece *pc;
+
+				for (pc = f->seg->pieces; pc && pc->va < end; pc = pc->next) {
+					if (pc->va < f->addr || pc->va + pc->size > end)
+						continue;
+					if (n == cap) {
+						struct idle *w;
+						cap = cap ? 2 * cap : 16;
+						w = realloc(v, cap * sizeof *v);
+						if (!w)
+							goto out;
+						v = w;
+					}
+					v[n].pc = pc;
+					v[n].f = f;
+					n++;
+					*bytes += pc->size;
+				}
+			}
+		}
+	}
+out:
+	*count = n;
+	return v;
+}
+
+static int
+idle_by_size(const void *a, const void *b)
+{
+	const struct idle *x = a, *y = b;
+
+	return x->pc->size < y->pc->size ? 1 : x->pc->size > y->pc->size ? -1 : 0;
+}
+
+static int
+idle_by_address(const void *a, const void *b)
+{
+	const struct idle *x = a, *y = b;
+
+	return x->pc->va < y->pc->va ? -1 : x->pc->va > y->pc->va;
+}
+
+/* Turn the part of f that pc backs into a HOLE, joined with HOLE neighbours; the rest of f
+ * stays FREE. Returns the FREE block after the piece, if any. Pool lock held, pc unmapped. */
+static struct sop__block *
+piece_unback(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc,
+	     struct sop__block *d[2])
+{
+	struct sop__segment *seg = f->seg;
+	struct sop__block *m = f, *left = NULL, *right = NULL, *x;
+	int k = 0;
+
+	sop__bins_remove(&pool->heap, f);
+	sop__lock_take(&seg->lock);
+	if (pc->va > f->addr) {
+		block_split(pool, f, d[k], pc->va - f->addr, SOP_BLOCK_FREE);
+		left = f;
+		m = d[k++];
+	}
+	if (m->size > pc->size) {
+		block_split(pool, m, d[k], pc->size, SOP_BLOCK_FREE);
+		right = d[k++];
+	}
+	atomic_store_explicit(&m->tag, sop__tag(m->addr, SOP_BLOCK_HOLE), memory_order_release);
+	m->seq = 0;
+	hole_link(pool, m);
+	if ((x = m->phys_next) && sop__block_state(x) == SOP_BLOCK_HOLE) {
+		hole_unlink(pool, x);
+		sop__block_absorb_next(pool, m, &pool->spare);
+	}
+	if ((x = m->phys_prev) && sop__block_state(x) == SOP_BLOCK_HOLE) {
+		hole_unlink(pool, m);
+		sop__block_absorb_next(pool, x, &pool->spare);
+	}
+	sop__lock_drop(&seg->lock);
+	if (left)
+		sop__bins_insert(&pool->heap, left);
+	if (right)
+		sop__bins_insert(&pool->heap, right);
+	while (k < 2)
+		sop__block_delete(pool, d[k++]);
+	return right;
+}
+
+/* Unmap and release one idle piece inside f. */
+static CUresult
+piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc,
+	      struct sop__block **right)
+{
+	struct sop__segment *seg = f->seg;
+	struct sop__block *d[2];
+	CUresult r;
+
+	*right = NULL;
+	/* What the surgery needs, before anything is given up. */
+	if (!map_reserve(pool, pc->va) ||
+	    (pc->va + pc->size < f->addr + f->size && !map_reserve(pool, pc->va + pc->size)))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	d[0] = sop__block_new(pool);
+	d[1] = d[0] ? sop__block_new(pool) : NULL;
+	if (!d[1]) {
+		if (d[0])
+			sop__block_delete(pool, d[0]);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	r = SOP_DRV(cuMemUnmap)(pc->va, pc->size);
 	if (r != CUDA_SUCCESS) {
-		/* Still mapped: the segment stays in the heap, whole and usable. */
-		sop__pool_ctx_pop(pool);
+		/* Still mapped: the piece stays, whole and usable. */
+		sop__block_delete(pool, d[0]);
+		sop__block_delete(pool, d[1]);
 		return r;
 	}
 	/* Unmapped: the range leaves the pool whatever the release says. */
-	r = SOP_DRV(cuMemRelease)(seg->handle);
-	sop__pool_ctx_pop(pool);
+	r = SOP_DRV(cuMemRelease)(pc->handle);
 	if (r != CUDA_SUCCESS) {
 		CUmemGenericAllocationHandle *o =
 			realloc(pool->orphans, (pool->n_orphans + 1) * sizeof *o);
 		if (o) {
-			o[pool->n_orphans++] = seg->handle;
+			o[pool->n_orphans++] = pc->handle;
 			pool->orphans = o;
 		}
 	}
-	sop__bins_remove(&pool->heap, seg->first);
-	sop__map_set(pool, seg->first->addr, NULL);
-	sop__block_delete(pool, seg->first);
-	segment_unlink(pool, seg);
-	va_give(pool, seg->va - pool->va_base, seg->size);
-	atomic_store(&pool->reserved, atomic_load(&pool->reserved) - seg->size);
-	free(seg);
+	*right = piece_unback(pool, f, pc, d);
+	piece_unlink(seg, pc);
+	atomic_store(&pool->reserved, atomic_load(&pool->reserved) - pc->size);
+	free(pc);
+	if (!seg->mapped)
+		segment_drop(pool, seg);
 	return r;
 }
 
-/* Retry the releases that failed before. */
+/* Retry the releases that failed before. Context current. */
 static CUresult
 orphans_release(struct sop_pool *pool)
 {
 	CUresult r = CUDA_SUCCESS;
 
-	if (!pool->n_orphans)
-		return CUDA_SUCCESS;
-	r = sop__pool_ctx_push(pool);
-	if (r != CUDA_SUCCESS)
-		return r;
 	while (pool->n_orphans) {
 		r = SOP_DRV(cuMemRelease)(pool->orphans[pool->n_orphans - 1]);
 		if (r != CUDA_SUCCESS)
 			break;
 		pool->n_orphans--;
 	}
+	return r;
+}
+
+/* Release idle pieces, largest first, while reserved > target, keeping reserved >= floor; only
+ * if they add up to at_least bytes. */
+static CUresult
+release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_least)
+{
+	uint64_t reserved = atomic_load(&pool->reserved);
+	struct sop__block *prev_f = NULL, *next_f = NULL;
+	size_t n = 0, i, picked = 0, bytes = 0;
+	struct idle *v = NULL;
+	CUresult r;
+
+	if (reserved > target) {
+		v = idle_collect(pool, &n, &bytes);
+		if (bytes < at_least)
+			n = 0;
+		qsort(v, n, sizeof *v, idle_by_size);
+		for (i = 0; i < n && reserved > target; i++) {
+			if (reserved - v[i].pc->size < floor)
+				continue;
+			reserved -= v[i].pc->size;
+			v[picked++] = v[i];
+		}
+	}
+	if (!picked && !pool->n_orphans) {
+		free(v);
+		return CUDA_SUCCESS;
+	}
+	r = sop__pool_ctx_push(pool);
+	if (r != CUDA_SUCCESS) {
+		free(v);
+		return r;
+	}
+	r = orphans_release(pool);
+	/* In address order, so that a FREE block holding several is walked once: each release
+	 * leaves the rest of it in the block after the piece. */
+	qsort(v, picked, sizeof *v, idle_by_address);
+	for (i = 0; i < picked && r == CUDA_SUCCESS; i++) {
+		struct sop__block *f = v[i].f == prev_f && next_f ? next_f : v[i].f;
+
+		prev_f = v[i].f;
+		r = piece_release(pool, f, v[i].pc, &next_f);
+	}
 	sop__pool_ctx_pop(pool);
+	free(v);
 	return r;
 }
 
 CUresult
 sop__heap_release(struct sop_pool *pool, size_t target, size_t floor)
 {
-	CUresult r = orphans_release(pool);
-
-	if (r != CUDA_SUCCESS)
-		return r;
-	for (;;) {
-		uint64_t reserved = atomic_load(&pool->reserved);
-		struct sop__segment *seg, *best = NULL;
-
-		if (reserved <= target)
-			break;
-		for (seg = pool->segments; seg; seg = seg->next) {
-			if (!segment_idle(seg) || reserved - seg->size < floor)
-				continue;
-			if (!best || seg->size > best->size)
-				best = seg;
-		}
-		if (!best)
-			break;
-		r = segment_release(pool, best);
-		if (r != CUDA_SUCCESS)
-			return r;
-	}
-	return CUDA_SUCCESS;
+	return release_idle(pool, target, floor, 0);
 }
 
-/* Free the host side of a pool whose memory has gone back to the driver. */
-void
-sop__heap_recycle(struct sop_pool *pool, size_t need)
+CUresult
+sop__heap_set_access(struct sop_pool *pool, const CUmemAccessDesc *want,
+		     const CUmemAccessDesc *was, size_t n)
 {
 	struct sop__segment *seg;
-	size_t idle = 0, freed = 0;
+	struct sop__piece *pc, *failed = NULL;
+	CUresult r = CUDA_SUCCESS;
 
-	for (seg = pool->segments; seg; seg = seg->next)
-		if (segment_idle(seg))
-			idle += seg->size;
-	if (idle < need)
-		return;
-	while (freed < need) {
-		struct sop__segment *best = NULL;
-		for (seg = pool->segments; seg; seg = seg->next)
-			if (segment_idle(seg) && (!best || seg->size > best->size))
-				best = seg;
-		if (!best)
-			return;
-		size_t size = best->size; /* segment_release frees it */
-		if (segment_release(pool, best) != CUDA_SUCCESS)
-			return;
-		freed += size;
+	for (seg = pool->segments; seg && !failed; seg = seg->next) {
+		for (pc = seg->pieces; pc; pc = pc->next) {
+			r = SOP_DRV(cuMemSetAccess)(pc->va, pc->size, want, n);
+			if (r != CUDA_SUCCESS) {
+				failed = pc;
+				break;
+			}
+		}
 	}
+	/* All or nothing: put back what changed before the failure. */
+	for (seg = pool->segments; failed && seg; seg = seg->next)
+		for (pc = seg->pieces; pc; pc = pc->next) {
+			if (pc == failed)
+				return r;
+			SOP_DRV(cuMemSetAccess)(pc->va, pc->size, was, n);
+		}
+	return r;
 }
 
 void
@@ -773,6 +1243,7 @@ sop__heap_destroy(struct sop_pool *pool)
 	pool->slabs = NULL;
 	pool->n_slabs = pool->cap_slabs = 0;
 	pool->spare = NULL;
+	pool->holes = NULL;
 	atomic_store(&pool->returned, NULL);
 	memset(&pool->heap, 0, sizeof pool->heap);
 }

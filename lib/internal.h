@@ -207,6 +207,7 @@ enum sop__state {
 	SOP_BLOCK_FREE = 1,   /* in the pool heap: reusable by any stream */
 	SOP_BLOCK_ALLOC = 2,  /* handed to the application */
 	SOP_BLOCK_CACHED = 3, /* freed on a stream, pending there: reusable by that stream only */
+	SOP_BLOCK_HOLE = 4,   /* a range of its segment with no physical memory behind it */
 };
 
 /* Bookkeeping for one range of device memory, kept on the host (device memory cannot hold
@@ -249,7 +250,7 @@ sop__link_peek(struct sop__block **link)
 static inline uint64_t
 sop__tag(CUdeviceptr addr, enum sop__state state)
 {
-	return ((uint64_t)addr >> SOP_ALIGN_LOG2) << 2 | (uint64_t)state;
+	return ((uint64_t)addr >> SOP_ALIGN_LOG2) << 3 | (uint64_t)state;
 }
 
 static inline struct sop__sstream *
@@ -267,10 +268,22 @@ sop__block_set_owner(struct sop__block *b, struct sop__sstream *ss)
 static inline enum sop__state
 sop__block_state(const struct sop__block *b)
 {
-	return (enum sop__state)(atomic_load_explicit(&b->tag, memory_order_acquire) & 3);
+	return (enum sop__state)(atomic_load_explicit(&b->tag, memory_order_acquire) & 7);
 }
 
-/* A run of virtual addresses backed by one physical allocation, mapped and released whole.
+/* One physical allocation: a cuMemCreate handle mapped at [va, va + size) and released whole
+ * (the unit of release is the handle as mapped, a rule of the virtual memory API). */
+struct sop__piece {
+	CUdeviceptr va;
+	size_t size;
+	CUmemGenericAllocationHandle handle;
+	struct sop__piece *next; /* address order within the segment */
+};
+
+/* A run of the reservation that blocks tile, never crossing its ends. Pieces back parts of it;
+ * the rest are HOLE blocks, where a piece may be mapped later. Blocks cross piece boundaries
+ * freely, so a request can be served by memory of several pieces, and a piece next to free
+ * memory makes it larger without moving anything.
  *
  * Its lock guards the extents of its blocks: their sizes and phys links change, and a block's
  * neighbours are read, only under it. It is the innermost lock: a stream splits and merges its
@@ -280,8 +293,13 @@ struct sop__segment {
 	struct sop__lock lock;
 	CUdeviceptr va;
 	size_t size;
-	CUmemGenericAllocationHandle handle;
+	size_t mapped; /* bytes of its pieces */
+	struct sop__piece *pieces;
 	struct sop__block *first;
+	/* The stream whose growth made it, compared only: a stream's later growth with nothing
+	 * to join goes here, so that streams on different threads split and merge under
+	 * different segment locks. */
+	const struct sop__sstream *home;
 	struct sop__segment *prev, *next; /* address order */
 	SOP_PAD(pad); /* the next segment's lock on another line */
 };
@@ -326,19 +344,24 @@ void sop__spares_return(struct sop_pool *pool, struct sop__sstream *ss);
 /* Absorb b's next neighbour into b; the neighbour is out of every bin and its descriptor goes
  * to *spare. Segment lock held. */
 void sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__block **spare);
-/* Return a block to the heap as FREE, merging with FREE neighbours. Pool lock held. */
-void sop__heap_put(struct sop_pool *pool, struct sop__block *b);
-/* Map a new segment able to hold size bytes and put it in the heap. Pool lock held.
- * CUDA_ERROR_OUT_OF_MEMORY when maxSize, the reservation or the device is exhausted. */
-CUresult sop__heap_grow(struct sop_pool *pool, size_t size);
-/* Release segments that are wholly free, largest first, while reserved > target and the
+/* Return a block to the heap as FREE, merging with FREE neighbours; returns the merged block.
+ * Pool lock held. */
+struct sop__block *sop__heap_put(struct sop_pool *pool, struct sop__block *b);
+/* Map physical memory for a block of at least size bytes and take it (*out): next to free
+ * memory (FREE, or cached on ss) if that maps less, else in a hole of a segment of ss's own or
+ * of a new one; wholly free pieces are released first when they add up to what is mapped. The
+ * block is out of every bin: FREE (*from NULL), or cached on ss without an owner (*from ss), as
+ * sop__block_carve takes it. Pool lock held. CUDA_ERROR_OUT_OF_MEMORY when maxSize, the
+ * reservation or the device is exhausted. */
+CUresult sop__heap_grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size,
+			struct sop__block **out, struct sop__sstream **from);
+/* Release pieces that FREE blocks cover whole, largest first, while reserved > target and the
  * release keeps reserved >= floor. Pool lock held. Stops at the first driver error and returns it. */
 CUresult sop__heap_release(struct sop_pool *pool, size_t target, size_t floor);
-/* Before growing by need bytes: if wholly free segments add up to that much, release them
- * (largest first) until as much is released, so that the new segment replaces memory that could
- * not serve the request instead of adding to it (the driver's "defragment by remapping").
- * Pool lock held; a driver failure just leaves the rest in place. */
-void sop__heap_recycle(struct sop_pool *pool, size_t need);
+/* Set the access of every piece to want[0..n); on a failure, set those done back to
+ * was[0..n) and return the error. Pool lock held, context current. */
+CUresult sop__heap_set_access(struct sop_pool *pool, const CUmemAccessDesc *want,
+			      const CUmemAccessDesc *was, size_t n);
 /* Free the host side of a pool whose segments have all been released. */
 void sop__heap_destroy(struct sop_pool *pool);
 
@@ -521,6 +544,7 @@ struct sop_pool {
 	struct sop__va_extent *va_free;
 	struct sop__segment *segments;
 	size_t n_segments;
+	struct sop__block *holes; /* every HOLE block, linked through free_next/free_prev */
 	/* Handles whose cuMemRelease failed after their range was unmapped: retried before the
 	 * next release, so that a transient failure leaks nothing. */
 	CUmemGenericAllocationHandle *orphans;

@@ -374,7 +374,6 @@ sop__pool_set_access(struct sop_pool *pool, const CUmemAccessDesc *map, size_t c
 {
 	size_t i, n = 1, n_next = 0, n_dev = (size_t)sop__device_count();
 	CUmemAccessDesc *next = NULL, *want = NULL, *was = NULL;
-	struct sop__segment *failed = NULL, *seg;
 	CUresult r;
 	int dev;
 
@@ -416,16 +415,7 @@ sop__pool_set_access(struct sop_pool *pool, const CUmemAccessDesc *map, size_t c
 	}
 	r = sop__pool_ctx_push(pool);
 	if (r == CUDA_SUCCESS) {
-		for (seg = pool->segments; seg; seg = seg->next) {
-			r = SOP_DRV(cuMemSetAccess)(seg->va, seg->size, want, n);
-			if (r != CUDA_SUCCESS) {
-				failed = seg;
-				break;
-			}
-		}
-		/* All or nothing: put back what changed before a failure. */
-		for (seg = pool->segments; failed && seg != failed; seg = seg->next)
-			SOP_DRV(cuMemSetAccess)(seg->va, seg->size, was, n);
+		r = sop__heap_set_access(pool, want, was, n);
 		sop__pool_ctx_pop(pool);
 	}
 	if (r == CUDA_SUCCESS) {

@@ -478,18 +478,6 @@ cache_coalesce(struct sop_pool *pool, struct sop__sstream *ss)
 	free(v);
 }
 
-/* Take a block of size bytes from bins (the stream's cache or the heap), carve it, hand it out.
- * Pool lock held; stream lock held when bins is the cache. */
-static struct sop__block *
-bins_take(struct sop__bins *bins, size_t size)
-{
-	struct sop__block *b = sop__bins_find(bins, size);
-
-	if (b)
-		sop__bins_remove(bins, b);
-	return b;
-}
-
 /* The pool cannot grow any more: a free then gets a probe of its own, so that a stream short of
  * memory can take it by waiting for that probe (internal dependencies). */
 static bool
@@ -769,20 +757,18 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 		if (last)
 			sop__stream_probe(ss->st, stream, last);
 	}
-	/* 4. More physical memory, in place of idle segments too small or too scattered to serve
-	 * the request. */
+	/* 4. More physical memory, next to free memory where that maps less, in place of idle
+	 * pieces too small or too scattered to serve the request. */
 	if (!b) {
-		sop__heap_recycle(pool, sop__round_up(size, pool->granularity));
-		r = sop__heap_grow(pool, size);
+		r = sop__heap_grow(pool, ss, size, &b, &from);
 		if (r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reserved)) {
-			/* 5. Idle segments given back to make room for one that fits. */
+			/* 5. Idle pieces given back to make room for one that fits. */
 			if (sop__heap_release(pool, 0, 0) == CUDA_SUCCESS)
-				r = sop__heap_grow(pool, size);
+				r = sop__heap_grow(pool, ss, size, &b, &from);
 		}
-		if (r == CUDA_SUCCESS) {
-			b = bins_take(&pool->heap, size);
-			from = NULL;
-		} else if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+		if (r != CUDA_SUCCESS)
+			b = NULL;
+		if (r == CUDA_ERROR_OUT_OF_MEMORY) {
 			atomic_store(&pool->pressure, true);
 		}
 	}
