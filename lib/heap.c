@@ -660,7 +660,7 @@ piece_unlink(struct sop__segment *seg, struct sop__piece *pc)
  * size). No hole: a new segment. */
 struct plan {
 	struct sop__block *hole;
-	bool at_end;
+	bool at_end, home;
 	size_t size, least;
 };
 
@@ -702,30 +702,37 @@ span(struct sop_pool *pool, size_t size, size_t have, size_t room, size_t *least
 	return want;
 }
 
+/* Keep the place that maps least; on a tie, one in a segment of the stream's own. */
 static void
-plan_offer(struct plan *best, struct sop__block *h, bool at_end, size_t size, size_t least)
+plan_offer(struct plan *best, struct sop__block *h, bool at_end, bool home, size_t size,
+	   size_t least)
 {
-	if (!size || (best->size && best->size <= size))
+	if (!size || (best->size && (best->size < size || (best->size == size &&
+							   (best->home || !home)))))
 		return;
 	best->hole = h;
 	best->at_end = at_end;
+	best->home = home;
 	best->size = size;
 	best->least = least;
 }
 
 /* The cheapest place for size bytes: the hole whose neighbours leave the least to map, or,
- * with nothing to join, a hole of a segment of ss's own; else (hole NULL) a new segment.
+ * with nothing to join, a hole of a segment of ss's own; else (hole NULL) a new segment, which
+ * also beats joining another stream's segment for no saving: each stream splits and merges
+ * under the lock of its own segments, and a small request maps a whole step wherever it goes.
  * False if the request cannot fit under maxSize at all. */
 static bool
 plan_make(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct plan *pl)
 {
 	struct sop__block *h;
-	size_t least = 0;
+	size_t least = 0, n;
 
 	memset(pl, 0, sizeof *pl);
 	for (h = pool->holes; h; h = h->free_next) {
+		bool home = h->seg->home == ss;
 		struct sop__segment *seg = h->seg;
-		size_t l, r, n;
+		size_t l, r;
 
 		if (ss)
 			sop__lock_take(&ss->lock);
@@ -737,25 +744,28 @@ plan_make(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct pl
 			sop__lock_drop(&ss->lock);
 		if (l) {
 			n = span(pool, size, l, h->size, &least);
-			plan_offer(pl, h, false, n, least);
+			plan_offer(pl, h, false, home, n, least);
 		}
 		if (r) {
 			n = span(pool, size, r, h->size, &least);
-			plan_offer(pl, h, true, n, least);
+			plan_offer(pl, h, true, home, n, least);
 		}
 		/* Filled whole, a hole joins the free memory on both sides. */
 		if (l && r && size <= l + h->size + r &&
 		    (!pool->max_size || atomic_load(&pool->reserved) + h->size <= pool->max_size))
-			plan_offer(pl, h, false, h->size, h->size);
-		if (seg->home == ss) {
+			plan_offer(pl, h, false, home, h->size, h->size);
+		if (home) {
 			n = span(pool, size, 0, h->size, &least);
-			plan_offer(pl, h, false, n, least);
+			plan_offer(pl, h, false, home, n, least);
 		}
 	}
-	if (pl->size)
+	n = span(pool, size, 0, SIZE_MAX, &least);
+	if (pl->size && (pl->home || pl->size < n || !n))
 		return true;
-	pl->size = span(pool, size, 0, SIZE_MAX, &pl->least);
-	return pl->size != 0;
+	memset(pl, 0, sizeof *pl);
+	pl->size = n;
+	pl->least = least;
+	return n != 0;
 }
 
 /* A new piece's block b, FREE and in no bin, joined with what a block of size bytes needs of
