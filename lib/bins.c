@@ -115,6 +115,32 @@ sop__bins_find(struct sop__bins *bins, size_t size)
 	return first_from(bins, fl, sl);
 }
 
+struct sop__block *
+sop__bins_scan(struct sop__bins *bins, size_t size, unsigned probes,
+	       bool (*pick)(const struct sop__block *b, const void *arg), const void *arg)
+{
+	unsigned fl, sl;
+
+	search_index(size, &fl, &sl);
+	for (;;) {
+		struct sop__block *b = first_from(bins, fl, sl);
+
+		if (!b)
+			return NULL;
+		sop__bins_index(b->size, &fl, &sl);
+		for (; b; b = b->free_next) {
+			if (pick(b, arg))
+				return b;
+			if (!--probes)
+				return NULL;
+		}
+		if (++sl == SOP_SL_COUNT) {
+			sl = 0;
+			fl++;
+		}
+	}
+}
+
 /* How many blocks of the request's own list the hot path looks at before moving on. */
 #define CLOSE_PROBES 4
 

@@ -232,7 +232,7 @@ sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size,
 	rest = sop__block_new(pool);
 	if (!rest)
 		return;
-	sop__lock_take(&b->seg->lock);
+	sop__segment_lock(b->seg);
 	block_split(pool, b, rest, size, state);
 	sop__lock_drop(&b->seg->lock);
 	if (state == SOP_BLOCK_CACHED) {
@@ -261,7 +261,7 @@ sop__block_carve_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 	ss->spare = rest->free_next;
 	ss->n_spare--;
 	rest->free_next = NULL;
-	sop__lock_take(&b->seg->lock);
+	sop__segment_lock(b->seg);
 	block_split(pool, b, rest, size, SOP_BLOCK_CACHED);
 	sop__lock_drop(&b->seg->lock);
 	sop__block_set_owner(rest, ss);
@@ -335,7 +335,7 @@ sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 	if (!mergeable(sop__link_peek(&b->phys_next), b->size, ss) &&
 	    !mergeable(sop__link_peek(&b->phys_prev), b->size, ss))
 		return b;
-	sop__lock_take(&seg->lock);
+	sop__segment_lock(seg);
 	while (mergeable((n = b->phys_next), b->size, ss)) {
 		sop__bins_remove(&ss->cache, n);
 		if (n->seq > b->seq)
@@ -399,7 +399,7 @@ sop__heap_put(struct sop_pool *pool, struct sop__block *b)
 	sop__block_set_owner(b, NULL);
 	b->req = 0;
 	b->seq = 0;
-	sop__lock_take(&seg->lock);
+	sop__segment_lock(seg);
 	p = b->phys_prev;
 	n = b->phys_next;
 	if (n && sop__block_state(n) == SOP_BLOCK_FREE) {
@@ -414,6 +414,11 @@ sop__heap_put(struct sop_pool *pool, struct sop__block *b)
 	atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_FREE), memory_order_release);
 	sop__lock_drop(&seg->lock);
 	sop__bins_insert(&pool->heap, b);
+	if (b->size == seg->mapped) {
+		/* Empty: nobody's until a stream takes memory from it. */
+		seg->home = NULL;
+		atomic_store_explicit(&seg->crowded, false, memory_order_relaxed);
+	}
 	return b;
 }
 
@@ -567,6 +572,7 @@ segment_new(struct sop_pool *pool, size_t size, size_t min, const struct sop__ss
 	seg->size = size;
 	seg->first = h;
 	seg->home = home;
+	seg->met = &pool->threads_met;
 	h->addr = seg->va;
 	h->size = size;
 	h->seg = seg;
@@ -736,7 +742,7 @@ plan_make(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct pl
 
 		if (ss)
 			sop__lock_take(&ss->lock);
-		sop__lock_take(&seg->lock);
+		sop__segment_lock(seg);
 		l = joinable(h->phys_prev, ss);
 		r = joinable(h->phys_next, ss);
 		sop__lock_drop(&seg->lock);
@@ -789,7 +795,7 @@ join_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b, s
 	if (!d)
 		return b;
 	sop__lock_take(&ss->lock);
-	sop__lock_take(&seg->lock);
+	sop__segment_lock(seg);
 	p = b->phys_prev;
 	n = b->phys_next;
 	own_p = p && sop__block_state(p) == SOP_BLOCK_CACHED && sop__block_owner(p) == ss;
@@ -919,7 +925,7 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 
 	pc->va = at;
 	pc->size = pl.size;
-	sop__lock_take(&seg->lock);
+	sop__segment_lock(seg);
 	b = h;
 	if (at > h->addr) {
 		block_split(pool, h, d[k], at - h->addr, SOP_BLOCK_HOLE);
@@ -938,6 +944,8 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 		sop__block_delete(pool, d[k++]);
 	b = sop__heap_put(pool, b);
 	sop__bins_remove(&pool->heap, b);
+	if (!seg->home)
+		seg->home = ss;
 	*out = join_own(pool, ss, b, size, from);
 	return CUDA_SUCCESS;
 fail:
@@ -1060,7 +1068,7 @@ piece_unback(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc,
 	int k = 0;
 
 	sop__bins_remove(&pool->heap, f);
-	sop__lock_take(&seg->lock);
+	sop__segment_lock(seg);
 	if (pc->va > f->addr) {
 		block_split(pool, f, d[k], pc->va - f->addr, SOP_BLOCK_FREE);
 		left = f;

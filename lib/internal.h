@@ -93,6 +93,16 @@ sop__lock_drop(struct sop__lock *l)
 	atomic_store_explicit(&l->held, 0, memory_order_release);
 }
 
+/* Take a lock; true if it had to wait for it. */
+static inline bool
+sop__lock_take_waited(struct sop__lock *l)
+{
+	if (SOP_LIKELY(!atomic_exchange_explicit(&l->held, 1, memory_order_acquire)))
+		return false;
+	sop__lock_take(l);
+	return true;
+}
+
 /* ---- driver.c ---------------------------------------------------------------------------- */
 
 /* Every driver entry point sop calls. The names go through cuda.h's macros, so a member and the
@@ -187,6 +197,11 @@ struct sop__bins {
 };
 
 void sop__bins_insert(struct sop__bins *bins, struct sop__block *b);
+/* The first block, in the order sop__bins_find would try them, that fits size bytes and that
+ * pick accepts, among at most probes blocks; NULL if none. */
+struct sop__block *sop__bins_scan(struct sop__bins *bins, size_t size, unsigned probes,
+				  bool (*pick)(const struct sop__block *b, const void *arg),
+				  const void *arg);
 void sop__bins_remove(struct sop__bins *bins, struct sop__block *b);
 /* A block of at least size bytes in O(1): the head of the first list whose every block fits. */
 struct sop__block *sop__bins_find(struct sop__bins *bins, size_t size);
@@ -291,14 +306,20 @@ struct sop__piece {
  * holder works on FREE blocks next to them. */
 struct sop__segment {
 	struct sop__lock lock;
+	/* Threads have waited for its lock since it was last empty: the slow path then grows a
+	 * segment of a stream's own rather than add one more stream to it. */
+	atomic_bool crowded;
+	atomic_bool *met; /* the pool's threads_met */
 	CUdeviceptr va;
 	size_t size;
 	size_t mapped; /* bytes of its pieces */
 	struct sop__piece *pieces;
 	struct sop__block *first;
-	/* The stream whose growth made it, compared only: a stream's later growth with nothing
-	 * to join goes here, so that streams on different threads split and merge under
-	 * different segment locks. */
+	/* The stream whose memory it holds, compared only: the stream whose growth made it, or
+	 * the first to take memory from it once it was empty again. The slow path serves a
+	 * stream from its own segments first, and its growth with nothing to join goes there,
+	 * so that streams on different threads split and merge under different segment locks.
+	 * Pool lock. */
 	const struct sop__sstream *home;
 	struct sop__segment *prev, *next; /* address order */
 	SOP_PAD(pad); /* the next segment's lock on another line */
@@ -320,6 +341,16 @@ void sop__block_delete(struct sop_pool *pool, struct sop__block *b);
  * a slot is written under the lock of the segment that holds addr; missing tables are added
  * with compare-and-swap. */
 struct sop__block *sop__map_get(struct sop_pool *pool, CUdeviceptr addr);
+
+/* Take a segment's lock, noting whether anyone had to wait. */
+static inline void
+sop__segment_lock(struct sop__segment *seg)
+{
+	if (SOP_UNLIKELY(sop__lock_take_waited(&seg->lock))) {
+		atomic_store_explicit(&seg->crowded, true, memory_order_relaxed);
+		atomic_store_explicit(seg->met, true, memory_order_relaxed);
+	}
+}
 void sop__map_set(struct sop_pool *pool, CUdeviceptr addr, struct sop__block *b);
 void sop__map_destroy(struct sop_pool *pool);
 
@@ -569,6 +600,10 @@ struct sop_pool {
 	/* Growth failed (maxSize or the device): probe every free, for internal dependencies.
 	 * Cleared at synchronization points. */
 	atomic_bool pressure;
+	/* Some thread has waited for a segment's lock: streams of this pool run on several threads
+	 * at once, and the slow path keeps each one's memory in segments of its own. Until then it
+	 * places by best fit alone. */
+	atomic_bool threads_met;
 	_Atomic uint64_t release_threshold;
 	_Atomic uint64_t reserved, reserved_high;
 	/* Descriptors streams gave back without the pool lock; taken whole under it. */

@@ -443,7 +443,7 @@ cache_coalesce(struct sop_pool *pool, struct sop__sstream *ss)
 		if (sop__block_state(b) != SOP_BLOCK_CACHED || sop__block_owner(b) != ss)
 			continue; /* absorbed by an earlier one */
 		sop__bins_remove(&ss->cache, b);
-		sop__lock_take(&b->seg->lock);
+		sop__segment_lock(b->seg);
 		while (b->phys_prev && (sop__block_state(b->phys_prev) == SOP_BLOCK_FREE ||
 					(sop__block_state(b->phys_prev) == SOP_BLOCK_CACHED &&
 					 sop__block_owner(b->phys_prev) == ss)))
@@ -664,12 +664,54 @@ cache_remove(struct sop__sstream *ss, struct sop__block *b)
 	return b;
 }
 
-/* The smaller of the best fits in the stream's cache and in the heap, taken out of its bins;
- * *from says which (NULL: the heap). Pool lock held. */
-static struct sop__block *
-best_take(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__sstream **from)
+/* Requests up to this size take heap memory from the stream's own segments first; larger ones
+ * take the best fit wherever it is, since for them placement is what keeps the pool small. */
+#define HOME_MAX ((size_t)8 << 20)
+/* How many heap blocks the search for the stream's own looks at. */
+#define HOME_PROBES 16
+
+static bool
+pick_own(const struct sop__block *b, const void *ss)
 {
-	struct sop__block *mine, *any = sop__bins_find(&pool->heap, size);
+	return b->seg->home == ss;
+}
+
+static bool
+pick_nobodys(const struct sop__block *b, const void *ss)
+{
+	(void)ss;
+	return !b->seg->home;
+}
+
+/* The heap's block for a request of ss, left in the heap: the best fit, or, for a small request
+ * once threads have met in the pool, a block in a segment of ss's own, or of nobody's (which
+ * becomes ss's). *crowded: the block is in another stream's segment where threads have waited
+ * for the lock. Pool lock held. */
+static struct sop__block *
+heap_pick(struct sop_pool *pool, struct sop__sstream *ss, size_t size, bool *crowded)
+{
+	struct sop__block *b = sop__bins_find(&pool->heap, size), *h;
+
+	*crowded = false;
+	if (!b || b->seg->home == ss || size > HOME_MAX ||
+	    !atomic_load_explicit(&pool->threads_met, memory_order_relaxed))
+		return b;
+	h = sop__bins_scan(&pool->heap, size, HOME_PROBES, pick_own, ss);
+	if (!h && (h = sop__bins_scan(&pool->heap, size, HOME_PROBES, pick_nobodys, ss)))
+		h->seg->home = ss;
+	if (h)
+		return h;
+	*crowded = atomic_load_explicit(&b->seg->crowded, memory_order_relaxed);
+	return b;
+}
+
+/* The smaller of the best fits in the stream's cache and in the heap (heap_pick), taken out of
+ * its bins; *from says which (NULL: the heap). Pool lock held. */
+static struct sop__block *
+best_take(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__sstream **from,
+	  bool *crowded)
+{
+	struct sop__block *mine, *any = heap_pick(pool, ss, size, crowded);
 
 	sop__lock_take(&ss->lock);
 	mine = sop__bins_find(&ss->cache, size);
@@ -677,6 +719,7 @@ best_take(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct so
 		cache_remove(ss, mine);
 		sop__lock_drop(&ss->lock);
 		*from = ss;
+		*crowded = false;
 		return mine;
 	}
 	sop__lock_drop(&ss->lock);
@@ -693,7 +736,7 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 	struct sop__sstream *from = NULL;
 	struct sop__block *b = NULL;
 	CUresult r = CUDA_SUCCESS;
-	bool stale = false;
+	bool stale = false, crowded = false;
 
 	pthread_mutex_lock(&pool->lock);
 	sop__lock_take(&ss->lock);
@@ -714,14 +757,23 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 	 * frees that probes have seen complete go to the heap, where they merge with their free
 	 * neighbours and whole segments become free to reshape; this stream's own, and, with the
 	 * opportunistic policy, other streams'. */
-	b = best_take(pool, ss, size, &from);
+	b = best_take(pool, ss, size, &from, &crowded);
 	if (!b || (b->size > close_limit(size) && size >= POLL_MIN)) {
 		if (b)
 			put_back(pool, b, from);
 		own_flush(ss);
 		if (atomic_load(&pool->reuse_opportunistic))
 			flush_observed(pool, ss);
-		b = best_take(pool, ss, size, &from);
+		b = best_take(pool, ss, size, &from, &crowded);
+	}
+	/* Free memory in a segment where other threads already wait for the lock: a segment of
+	 * this stream's own, if the pool can grow, costs a step of memory once and keeps this
+	 * thread's splits and merges off their lock from then on. */
+	if (b && crowded) {
+		/* Back first: growth may join the new memory with it. */
+		put_back(pool, b, from);
+		if (sop__heap_grow(pool, ss, size, &b, &from) != CUDA_SUCCESS)
+			b = best_take(pool, ss, size, &from, &crowded);
 	}
 	if (atomic_load(&pool->reuse_follow)) {
 		struct sop__sstream *o = NULL;
