@@ -116,7 +116,7 @@ sop__bins_find(struct sop__bins *bins, size_t size)
 }
 
 struct sop__block *
-sop__bins_scan(struct sop__bins *bins, size_t size, unsigned probes,
+sop__bins_scan(struct sop__bins *bins, size_t size, unsigned *probes,
 	       bool (*pick)(const struct sop__block *b, const void *arg), const void *arg)
 {
 	unsigned fl, sl;
@@ -129,10 +129,11 @@ sop__bins_scan(struct sop__bins *bins, size_t size, unsigned probes,
 			return NULL;
 		sop__bins_index(b->size, &fl, &sl);
 		for (; b; b = b->free_next) {
+			if (!*probes)
+				return NULL;
+			--*probes;
 			if (pick(b, arg))
 				return b;
-			if (!--probes)
-				return NULL;
 		}
 		if (++sl == SOP_SL_COUNT) {
 			sl = 0;

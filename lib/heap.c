@@ -414,11 +414,8 @@ sop__heap_put(struct sop_pool *pool, struct sop__block *b)
 	atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_FREE), memory_order_release);
 	sop__lock_drop(&seg->lock);
 	sop__bins_insert(&pool->heap, b);
-	if (b->size == seg->mapped) {
-		/* Empty: nobody's until a stream takes memory from it. */
-		seg->home = NULL;
-		atomic_store_explicit(&seg->crowded, false, memory_order_relaxed);
-	}
+	if (b->size == seg->mapped)
+		seg->home = NULL; /* empty: nobody's until a stream takes memory from it */
 	return b;
 }
 

@@ -198,8 +198,9 @@ struct sop__bins {
 
 void sop__bins_insert(struct sop__bins *bins, struct sop__block *b);
 /* The first block, in the order sop__bins_find would try them, that fits size bytes and that
- * pick accepts, among at most probes blocks; NULL if none. */
-struct sop__block *sop__bins_scan(struct sop__bins *bins, size_t size, unsigned probes,
+ * pick accepts, among at most *probes blocks; NULL if none. *probes is what is left: NULL with
+ * some left means no block fits and pick accepts. */
+struct sop__block *sop__bins_scan(struct sop__bins *bins, size_t size, unsigned *probes,
 				  bool (*pick)(const struct sop__block *b, const void *arg),
 				  const void *arg);
 void sop__bins_remove(struct sop__bins *bins, struct sop__block *b);
@@ -306,10 +307,7 @@ struct sop__piece {
  * holder works on FREE blocks next to them. */
 struct sop__segment {
 	struct sop__lock lock;
-	/* Threads have waited for its lock since it was last empty: the slow path then grows a
-	 * segment of a stream's own rather than add one more stream to it. */
-	atomic_bool crowded;
-	atomic_bool *met; /* the pool's threads_met */
+	atomic_bool *met; /* the pool's threads_met, set when a thread waits for this lock */
 	CUdeviceptr va;
 	size_t size;
 	size_t mapped; /* bytes of its pieces */
@@ -346,10 +344,8 @@ struct sop__block *sop__map_get(struct sop_pool *pool, CUdeviceptr addr);
 static inline void
 sop__segment_lock(struct sop__segment *seg)
 {
-	if (SOP_UNLIKELY(sop__lock_take_waited(&seg->lock))) {
-		atomic_store_explicit(&seg->crowded, true, memory_order_relaxed);
+	if (SOP_UNLIKELY(sop__lock_take_waited(&seg->lock)))
 		atomic_store_explicit(seg->met, true, memory_order_relaxed);
-	}
 }
 void sop__map_set(struct sop_pool *pool, CUdeviceptr addr, struct sop__block *b);
 void sop__map_destroy(struct sop_pool *pool);

@@ -668,7 +668,7 @@ cache_remove(struct sop__sstream *ss, struct sop__block *b)
  * take the best fit wherever it is, since for them placement is what keeps the pool small. */
 #define HOME_MAX ((size_t)8 << 20)
 /* How many heap blocks the search for the stream's own looks at. */
-#define HOME_PROBES 16
+#define HOME_PROBES 64
 
 static bool
 pick_own(const struct sop__block *b, const void *ss)
@@ -685,23 +685,27 @@ pick_nobodys(const struct sop__block *b, const void *ss)
 
 /* The heap's block for a request of ss, left in the heap: the best fit, or, for a small request
  * once threads have met in the pool, a block in a segment of ss's own, or of nobody's (which
- * becomes ss's). *crowded: the block is in another stream's segment where threads have waited
- * for the lock. Pool lock held. */
+ * becomes ss's). *crowded: the block returned is in another stream's segment, which the
+ * caller should grow a segment of its own rather than take. Pool lock held. */
 static struct sop__block *
 heap_pick(struct sop_pool *pool, struct sop__sstream *ss, size_t size, bool *crowded)
 {
 	struct sop__block *b = sop__bins_find(&pool->heap, size), *h;
+	unsigned own = HOME_PROBES, nobodys = HOME_PROBES;
 
 	*crowded = false;
 	if (!b || b->seg->home == ss || size > HOME_MAX ||
 	    !atomic_load_explicit(&pool->threads_met, memory_order_relaxed))
 		return b;
-	h = sop__bins_scan(&pool->heap, size, HOME_PROBES, pick_own, ss);
-	if (!h && (h = sop__bins_scan(&pool->heap, size, HOME_PROBES, pick_nobodys, ss)))
+	h = sop__bins_scan(&pool->heap, size, &own, pick_own, ss);
+	if (!h && (h = sop__bins_scan(&pool->heap, size, &nobodys, pick_nobodys, ss)))
 		h->seg->home = ss;
 	if (h)
 		return h;
-	*crowded = atomic_load_explicit(&b->seg->crowded, memory_order_relaxed);
+	/* Only another stream's, as far as the search went. Once threads meet in the pool,
+	 * sharing a segment with a stream that may be on another thread costs every split and
+	 * merge of both a contended lock: if the search saw every candidate, growing is better. */
+	*crowded = own && nobodys;
 	return b;
 }
 
@@ -766,9 +770,9 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 			flush_observed(pool, ss);
 		b = best_take(pool, ss, size, &from, &crowded);
 	}
-	/* Free memory in a segment where other threads already wait for the lock: a segment of
+	/* Free memory in another stream's segment, once threads meet in the pool: a segment of
 	 * this stream's own, if the pool can grow, costs a step of memory once and keeps this
-	 * thread's splits and merges off their lock from then on. */
+	 * thread's splits and merges off the other's lock from then on. */
 	if (b && crowded) {
 		/* Back first: growth may join the new memory with it. */
 		put_back(pool, b, from);
