@@ -797,14 +797,22 @@ join_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b, s
 	n = b->phys_next;
 	own_p = p && sop__block_state(p) == SOP_BLOCK_CACHED && sop__block_owner(p) == ss;
 	own_n = n && sop__block_state(n) == SOP_BLOCK_CACHED && sop__block_owner(n) == ss;
-	if (own_p && p->size + b->size < size)
-		own_p = false; /* taken since the plan: too small now */
-	if (own_n && n->size + b->size < size)
+	/* One side if it is enough, both if it takes both, none if the plan's neighbours were
+	 * taken since (then the block is too small and growth plans again). */
+	if (own_p && own_n) {
+		if (p->size + b->size >= size)
+			own_n = false;
+		else if (n->size + b->size >= size)
+			own_p = false;
+		else if (p->size + b->size + n->size < size)
+			own_p = own_n = false;
+	} else if (own_p && p->size + b->size < size) {
+		own_p = false;
+	} else if (own_n && n->size + b->size < size) {
 		own_n = false;
-	if (own_p && own_n && (p->size + b->size >= size))
-		own_n = false;
+	}
 	/* Only the part of b next to the joined neighbour that the request needs. */
-	if (own_p && p->size + b->size - size >= SOP_ALIGN &&
+	if (own_p && !own_n && p->size + b->size - size >= SOP_ALIGN &&
 	    map_reserve(pool, b->addr + (size - p->size))) {
 		block_split(pool, b, d, size - p->size, SOP_BLOCK_FREE);
 		sop__bins_insert(&pool->heap, d);
