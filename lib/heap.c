@@ -1006,7 +1006,11 @@ idle_collect(struct sop_pool *pool, size_t *count, size_t *bytes)
 	struct idle *v = NULL;
 	size_t n = 0, cap = 0;
 	uint64_t fls = heap->fl_bitmap;
+	unsigned fl0, sl0;
 
+	/* Only blocks of at least a granule can cover a piece: skip the lists below. */
+	sop__bins_index(pool->granularity, &fl0, &sl0);
+	fls &= ~(((uint64_t)1 << fl0) - 1);
 	*bytes = 0;
 	while (fls) {
 		unsigned fl = (unsigned)__builtin_ctzll(fls);
