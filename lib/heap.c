@@ -1,17 +1,19 @@
-/* heap.c - blocks, segments and the pool-wide heap.
+/* heap.c - blocks, segments, pieces and the pool-wide heap.
  *
- * A pool reserves one large range of virtual addresses and maps physical memory into it in
- * segments: one cuMemCreate handle each, mapped and released whole. Blocks tile each segment and
- * never cross a segment's end, so a segment is wholly free exactly when its first block is FREE
- * and as large as the segment. FREE blocks sit in the pool heap (bins.c) and are merged with
- * FREE neighbours as they arrive; CACHED blocks belong to a stream (stream.c) and are merged
- * only when they come back to the heap.
+ * A pool reserves one large range of virtual addresses. Segments are runs of it that blocks
+ * tile, never crossing a segment's ends; physical memory is mapped into them in pieces (one
+ * cuMemCreate handle each, mapped and released whole), and what no piece backs is a HOLE block.
+ * Blocks cross piece boundaries freely. Growth maps a piece where it joins free memory if that
+ * maps less; a piece that FREE blocks cover whole is idle and can be released on its own,
+ * leaving a hole. FREE blocks sit in the pool heap (bins.c) and are merged with FREE neighbours
+ * as they arrive; CACHED blocks belong to a stream (stream.c), which splits and merges them
+ * under its own lock and the segment's.
  *
  * The block map answers "which block starts at this address" without a lock: a three-level
- * radix table over the reservation in 512-byte units, written under the pool lock with atomic
+ * radix table over the reservation in 512-byte units, written under segment locks with atomic
  * stores, read by frees on any thread.
  *
- * Everything here runs with the pool lock held.
+ * The growth and release paths run with the pool lock held.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -663,9 +665,23 @@ piece_unlink(struct sop__segment *seg, struct sop__piece *pc)
  * size). No hole: a new segment. */
 struct plan {
 	struct sop__block *hole;
-	bool at_end, home;
+	bool at_end;
+	int rank; /* whose segment: see plan_rank */
 	size_t size, least;
 };
+
+/* How fitting a segment is for ss's growth: 0 its own; 1 nobody's, or any while the pool is
+ * used from one thread (placement by cost alone); 2 another stream's, once threads have met
+ * in the pool (growth there would put the two streams' splits and merges under one lock). */
+static int
+plan_rank(struct sop_pool *pool, const struct sop__segment *seg, const struct sop__sstream *ss)
+{
+	if (seg->home == ss)
+		return 0;
+	if (!seg->home || !atomic_load_explicit(&pool->threads_met, memory_order_relaxed))
+		return 1;
+	return 2;
+}
 
 /* The bytes of b a new piece next to it joins with: FREE ones, or ones cached on ss (which ss
  * may reuse at once). Stream and segment locks held. */
@@ -707,34 +723,35 @@ span(struct sop_pool *pool, size_t size, size_t have, size_t room, size_t *least
 
 /* Keep the place that maps least; on a tie, one in a segment of the stream's own. */
 static void
-plan_offer(struct plan *best, struct sop__block *h, bool at_end, bool home, size_t size,
+plan_offer(struct plan *best, struct sop__block *h, bool at_end, int rank, size_t size,
 	   size_t least)
 {
-	if (!size || (best->size && (best->size < size || (best->size == size &&
-							   (best->home || !home)))))
+	if (!size || (best->size && (best->size < size ||
+				     (best->size == size && best->rank <= rank))))
 		return;
 	best->hole = h;
 	best->at_end = at_end;
-	best->home = home;
+	best->rank = rank;
 	best->size = size;
 	best->least = least;
 }
 
 /* The cheapest place for size bytes: the hole whose neighbours leave the least to map, or,
- * with nothing to join, a hole of a segment of ss's own; else (hole NULL) a new segment, which
- * also beats joining another stream's segment for no saving: each stream splits and merges
- * under the lock of its own segments, and a small request maps a whole step wherever it goes.
- * False if the request cannot fit under maxSize at all. */
+ * with nothing to join, a hole of a segment of ss's own or of nobody's (plan_rank); else (hole
+ * NULL) a new segment, which also beats another stream's segment for no saving once threads
+ * have met: each stream splits and merges under the lock of its own segments, and a small
+ * request maps a whole step wherever it goes. With any, every hole will do (a new segment
+ * found no addresses). False if the request cannot fit under maxSize at all. */
 static bool
-plan_make(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct plan *pl)
+plan_make(struct sop_pool *pool, struct sop__sstream *ss, size_t size, bool any, struct plan *pl)
 {
 	struct sop__block *h;
 	size_t least = 0, n;
 
 	memset(pl, 0, sizeof *pl);
 	for (h = pool->holes; h; h = h->free_next) {
-		bool home = h->seg->home == ss;
 		struct sop__segment *seg = h->seg;
+		int rank = plan_rank(pool, seg, ss);
 		size_t l, r;
 
 		if (ss)
@@ -747,24 +764,26 @@ plan_make(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct pl
 			sop__lock_drop(&ss->lock);
 		if (l) {
 			n = span(pool, size, l, h->size, &least);
-			plan_offer(pl, h, false, home, n, least);
+			plan_offer(pl, h, false, rank, n, least);
 		}
 		if (r) {
 			n = span(pool, size, r, h->size, &least);
-			plan_offer(pl, h, true, home, n, least);
+			plan_offer(pl, h, true, rank, n, least);
 		}
 		/* Filled whole, a hole joins the free memory on both sides. */
 		if (l && r && size <= l + h->size + r &&
 		    (!pool->max_size || atomic_load(&pool->reserved) + h->size <= pool->max_size))
-			plan_offer(pl, h, false, home, h->size, h->size);
-		if (home) {
+			plan_offer(pl, h, false, rank, h->size, h->size);
+		if (rank < 2 || any) {
 			n = span(pool, size, 0, h->size, &least);
-			plan_offer(pl, h, false, home, n, least);
+			plan_offer(pl, h, false, rank, n, least);
 		}
 	}
 	n = span(pool, size, 0, SIZE_MAX, &least);
-	if (pl->size && (pl->home || pl->size < n || !n))
+	if (pl->size && (pl->rank < 2 || pl->size < n || !n || any))
 		return true;
+	if (any)
+		return false;
 	memset(pl, 0, sizeof *pl);
 	pl->size = n;
 	pl->least = least;
@@ -879,7 +898,7 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 	CUresult r;
 	int k = 0;
 
-	if (!plan_make(pool, ss, size, &pl))
+	if (!plan_make(pool, ss, size, false, &pl))
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	/* Wholly free pieces that add up to what would be mapped are given back first: the new
 	 * piece replaces memory that could not serve the request instead of adding to it (the
@@ -887,7 +906,7 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 	 * place, so the plan is made again. */
 	if (release_idle(pool, (size_t)atomic_load(&pool->reserved) - pl.size, 0, pl.size) ==
 		    CUDA_SUCCESS &&
-	    !plan_make(pool, ss, size, &pl))
+	    !plan_make(pool, ss, size, false, &pl))
 		return CUDA_ERROR_OUT_OF_MEMORY;
 
 	pc = calloc(1, sizeof *pc);
@@ -900,11 +919,13 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 	if (!pl.hole) {
 		size_t room = segment_room(pool);
 		fresh = segment_new(pool, room > pl.size ? room : pl.size, pl.size, ss);
-		if (!fresh) {
+		if (fresh) {
+			pl.hole = fresh->first;
+		} else if (!plan_make(pool, ss, size, true, &pl)) {
+			/* No addresses for a new segment: any hole that fits. */
 			r = CUDA_ERROR_OUT_OF_MEMORY;
 			goto fail;
 		}
-		pl.hole = fresh->first;
 	}
 	h = pl.hole;
 	seg = h->seg;

@@ -1,6 +1,7 @@
 /* stats.c - accounting and watermarks: used memory counts exact requested bytes and drops at the
  * free call; writing 0 to a watermark resets it to the current value; reserved memory is the
- * physical memory held, in whole segments. */
+ * physical memory held, in pieces of at least a 32 MiB step, or what a request needs beyond the
+ * free memory next to it. */
 #include "helpers.h"
 
 int
