@@ -167,6 +167,26 @@ sop__dev_cache(void)
 /* The record of a stream (order.c), through the thread's cache: events name streams on every
  * call, and asking the driver who a stream is costs two calls. Records live for the process, so
  * an entry can never dangle. */
+static inline unsigned
+rec_way(CUstream stream)
+{
+	return (unsigned)(((uintptr_t)stream >> 4 ^ (uintptr_t)stream) % REC_WAYS);
+}
+
+/* After a pool identified the stream behind a handle by its id: the handle names that record on
+ * this thread from now on. A handle the driver recycled for a new stream would otherwise go on
+ * naming the destroyed stream's record here (its synchronizations marking the wrong stream)
+ * while the pools already name the new one. Special handles are never recycled. */
+static void
+rec_remember(CUstream stream, struct sop__stream *st)
+{
+	struct sop__tcache *c;
+
+	if (stream_special(stream) || !(c = tcache_get()))
+		return;
+	c->records[rec_way(stream)] = (struct rec_entry){stream, NULL, st};
+}
+
 CUresult
 sop__stream_lookup(CUstream stream, struct sop__stream **out)
 {
@@ -184,7 +204,7 @@ sop__stream_lookup(CUstream stream, struct sop__stream **out)
 			return CUDA_ERROR_INVALID_CONTEXT;
 	}
 	if (c) {
-		e = &c->records[((uintptr_t)stream >> 4 ^ (uintptr_t)stream) % REC_WAYS];
+		e = &c->records[rec_way(stream)];
 		if (e->st && e->handle == stream && e->ctx == cur) {
 			*out = e->st;
 			return CUDA_SUCCESS;
@@ -224,6 +244,7 @@ sstream_lookup(struct sop_pool *pool, CUstream stream, struct sop__stream_ref *o
 	st = sop__stream_record(id, ctx);
 	if (!st)
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	rec_remember(stream, st);
 	pthread_mutex_lock(&pool->lock);
 	ss = sop__sstream_find(pool, id);
 	if (!ss)

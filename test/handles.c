@@ -1,0 +1,48 @@
+/* handles.c - a stream destroyed, and a new one the driver creates at the same handle: the new
+ * stream's frees must become reusable at its synchronization and be released by a trim, whatever
+ * the thread remembered about the handle's old stream. (sop tells streams apart by handle on
+ * the hot path; a pool identifies a stream by its id the first time it sees the handle, and the
+ * synchronization path must then agree with it.) The driver on an H100 hands a destroyed
+ * stream's handle to the next stream at once; the simulated driver does sometimes, so the test
+ * creates streams until one lands on the old handle, and skips if none does. */
+#include "helpers.h"
+
+#define MiB ((size_t)1 << 20)
+
+int
+main(void)
+{
+	cuuint64_t keep = UINT64_MAX;
+	sop_pool_t pool;
+	CUstream s1, s2 = NULL;
+	void *p;
+	int tries;
+
+	th_init();
+	pool = th_pool(0, 0);
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	s1 = th_stream();
+	TH_OK(sop_stream_synchronize(s1)); /* the thread now knows s1's handle */
+	th_stream_destroy(s1);
+	for (tries = 0; tries < 10000; tries++) {
+		s2 = th_stream();
+		if (s2 == s1)
+			break;
+		th_stream_destroy(s2);
+	}
+	if (s2 != s1) {
+		printf("handles: skip (the driver never reused the handle)\n");
+		TH_OK(sop_pool_destroy(pool));
+		return TH_SKIP;
+	}
+	TH_OK(sop_malloc_from_pool_async(&p, 8 * MiB, pool, s2));
+	TH_OK(sop_free_async(p, s2));
+	TH_OK(sop_stream_synchronize(s2)); /* the free is complete, and known to be */
+	TH_OK(sop_trim_to(pool, 0));
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+	th_stream_destroy(s2);
+	printf("handles: ok (new stream at the old handle after %d tries)\n", tries + 1);
+	return 0;
+}
