@@ -83,9 +83,9 @@ sop__block_delete(struct sop_pool *pool, struct sop__block *b)
 
 /* ---- The block map ---------------------------------------------------------------------- */
 
-#define MAP_LEAF_LOG2 10
-#define MAP_MID_LOG2 10
-#define MAP_TOP_LOG2 12
+#define MAP_LEAF_LOG2 SOP_MAP_LEAF_LOG2
+#define MAP_MID_LOG2 SOP_MAP_MID_LOG2
+#define MAP_TOP_LOG2 SOP_MAP_TOP_LOG2
 #define MAP_LEAF (1u << MAP_LEAF_LOG2)
 #define MAP_MID (1u << MAP_MID_LOG2)
 

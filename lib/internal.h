@@ -42,6 +42,14 @@
 #define SOP_VA_GRANULE_LOG2 30
 /* At most 2 TiB of virtual addresses per pool: the block map's key is 32 bits of 512 B. */
 #define SOP_VA_MAX ((size_t)1 << 41)
+/* The block map's levels, in bits of that key. Leaves are small (128 slots, 1 KiB, for 64 KiB of
+ * addresses): blocks of megabytes start far apart, and each start needs a leaf of its own, so
+ * that a pool of large blocks would otherwise fill a page of host memory per block. */
+#define SOP_MAP_LEAF_LOG2 7
+#define SOP_MAP_MID_LOG2 11
+#define SOP_MAP_TOP_LOG2 14
+_Static_assert(SOP_MAP_LEAF_LOG2 + SOP_MAP_MID_LOG2 + SOP_MAP_TOP_LOG2 + SOP_ALIGN_LOG2 == 41,
+	       "the block map covers SOP_VA_MAX");
 
 static inline size_t
 sop__round_up(size_t x, size_t to)

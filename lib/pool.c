@@ -67,7 +67,7 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **ou
 	atomic_init(&pool->reuse_follow, 1);
 	atomic_init(&pool->reuse_opportunistic, 1);
 	atomic_init(&pool->reuse_internal, 1);
-	pool->map_top = calloc((size_t)1 << 12, sizeof *pool->map_top);
+	pool->map_top = calloc((size_t)1 << SOP_MAP_TOP_LOG2, sizeof *pool->map_top);
 	pool->va_free = calloc(1, sizeof *pool->va_free);
 	if (!pool->map_top || !pool->va_free) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
