@@ -870,8 +870,7 @@ join_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b, s
 	return b;
 }
 
-static CUresult release_idle(struct sop_pool *pool, size_t target, size_t floor,
-			     size_t at_least);
+static CUresult release_idle(struct sop_pool *pool, size_t target, size_t floor);
 
 /* New segments take this much of the reservation (or what the request needs, if more): room
  * for later pieces to join the first. */
@@ -900,12 +899,11 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 
 	if (!plan_make(pool, ss, size, false, &pl))
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	/* Wholly free pieces that add up to what would be mapped are given back first: the new
-	 * piece replaces memory that could not serve the request instead of adding to it (the
-	 * driver's "defragment by remapping unused memory"). The releases may open a better
-	 * place, so the plan is made again. */
-	if (release_idle(pool, (size_t)atomic_load(&pool->reserved) - pl.size, 0, pl.size) ==
-		    CUDA_SUCCESS &&
+	/* Idle pieces, up to what would be mapped, are given back first: the new piece replaces
+	 * memory that could not serve the request instead of adding to it (the driver's
+	 * "defragment by remapping unused memory"). The releases may open a better place, so the
+	 * plan is made again. */
+	if (release_idle(pool, (size_t)atomic_load(&pool->reserved) - pl.size, 0) == CUDA_SUCCESS &&
 	    !plan_make(pool, ss, size, false, &pl))
 		return CUDA_ERROR_OUT_OF_MEMORY;
 
@@ -1191,10 +1189,9 @@ orphans_release(struct sop_pool *pool)
 	return r;
 }
 
-/* Release idle pieces, largest first, while reserved > target, keeping reserved >= floor; only
- * if they add up to at_least bytes. */
+/* Release idle pieces, largest first, while reserved > target, keeping reserved >= floor. */
 static CUresult
-release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_least)
+release_idle(struct sop_pool *pool, size_t target, size_t floor)
 {
 	uint64_t reserved = atomic_load(&pool->reserved);
 	struct sop__block *prev_f = NULL, *next_f = NULL;
@@ -1204,8 +1201,6 @@ release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_least
 
 	if (reserved > target) {
 		v = idle_collect(pool, &n, &bytes);
-		if (bytes < at_least)
-			n = 0;
 		qsort(v, n, sizeof *v, idle_by_size);
 		for (i = 0; i < n && reserved > target; i++) {
 			if (reserved - v[i].pc->size < floor)
@@ -1241,7 +1236,7 @@ release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_least
 CUresult
 sop__heap_release(struct sop_pool *pool, size_t target, size_t floor)
 {
-	return release_idle(pool, target, floor, 0);
+	return release_idle(pool, target, floor);
 }
 
 CUresult
