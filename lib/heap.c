@@ -870,7 +870,8 @@ join_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b, s
 	return b;
 }
 
-static CUresult release_idle(struct sop_pool *pool, size_t target, size_t floor);
+static CUresult release_idle(struct sop_pool *pool, size_t target, size_t floor,
+			     size_t at_least);
 
 /* New segments take this much of the reservation (or what the request needs, if more): room
  * for later pieces to join the first. */
@@ -899,11 +900,12 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 
 	if (!plan_make(pool, ss, size, false, &pl))
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	/* Idle pieces, up to what would be mapped, are given back first: the new piece replaces
-	 * memory that could not serve the request instead of adding to it (the driver's
-	 * "defragment by remapping unused memory"). The releases may open a better place, so the
-	 * plan is made again. */
-	if (release_idle(pool, (size_t)atomic_load(&pool->reserved) - pl.size, 0) == CUDA_SUCCESS &&
+	/* Wholly free pieces that add up to what would be mapped are given back first: the new
+	 * piece replaces memory that could not serve the request instead of adding to it (the
+	 * driver's "defragment by remapping unused memory"). The releases may open a better
+	 * place, so the plan is made again. */
+	if (release_idle(pool, (size_t)atomic_load(&pool->reserved) - pl.size, 0, pl.size) ==
+		    CUDA_SUCCESS &&
 	    !plan_make(pool, ss, size, false, &pl))
 		return CUDA_ERROR_OUT_OF_MEMORY;
 
@@ -1189,9 +1191,10 @@ orphans_release(struct sop_pool *pool)
 	return r;
 }
 
-/* Release idle pieces, largest first, while reserved > target, keeping reserved >= floor. */
+/* Release idle pieces, largest first, while reserved > target, keeping reserved >= floor; only
+ * if they add up to at_least bytes. */
 static CUresult
-release_idle(struct sop_pool *pool, size_t target, size_t floor)
+release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_least)
 {
 	uint64_t reserved = atomic_load(&pool->reserved);
 	struct sop__block *prev_f = NULL, *next_f = NULL;
@@ -1201,6 +1204,8 @@ release_idle(struct sop_pool *pool, size_t target, size_t floor)
 
 	if (reserved > target) {
 		v = idle_collect(pool, &n, &bytes);
+		if (bytes < at_least)
+			n = 0;
 		qsort(v, n, sizeof *v, idle_by_size);
 		for (i = 0; i < n && reserved > target; i++) {
 			if (reserved - v[i].pc->size < floor)
@@ -1236,7 +1241,7 @@ release_idle(struct sop_pool *pool, size_t target, size_t floor)
 CUresult
 sop__heap_release(struct sop_pool *pool, size_t target, size_t floor)
 {
-	return release_idle(pool, target, floor);
+	return release_idle(pool, target, floor, 0);
 }
 
 CUresult

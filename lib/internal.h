@@ -384,7 +384,7 @@ void sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct 
 struct sop__block *sop__heap_put(struct sop_pool *pool, struct sop__block *b);
 /* Map physical memory for a block of at least size bytes and take it (*out): next to free
  * memory (FREE, or cached on ss) if that maps less, else in a hole of a segment of ss's own or
- * of nobody's, or of a new one; idle pieces, up to what is mapped, are released first. The
+ * of a new one; wholly free pieces are released first when they add up to what is mapped. The
  * block is out of every bin: FREE (*from NULL), or cached on ss without an owner (*from ss), as
  * sop__block_carve takes it. Pool lock held. CUDA_ERROR_OUT_OF_MEMORY when maxSize, the
  * reservation or the device is exhausted. */
