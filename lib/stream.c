@@ -583,19 +583,44 @@ take_followed(struct sop_pool *pool, struct sop__sstream *ss, size_t size, size_
 	return NULL;
 }
 
-/* Opportunistic: ask the probes of the other streams holding cached memory what has completed,
- * and give what has to the heap. Pool lock held. Returns true if anything moved. */
+static inline size_t close_limit(size_t size);
+
+/* Whether o's cache holds a block a request of size bytes would take whole. */
 static bool
-flush_observed(struct sop_pool *pool, struct sop__sstream *ss)
+cache_has_close(struct sop__sstream *o, size_t size)
+{
+	bool has;
+
+	sop__lock_take(&o->lock);
+	has = sop__bins_find_close(&o->cache, size, close_limit(size)) != NULL;
+	sop__lock_drop(&o->lock);
+	return has;
+}
+
+/* How many streams a request with a loose fit asks (flush_observed). */
+#define CLOSE_POLLS 4
+
+/* Opportunistic: ask the probes of the other streams holding cached memory what has completed,
+ * and give what has to the heap. With close (a request that has a fit, only a loose one, looking
+ * for a block it would take whole), only streams holding such a block are asked, and at most
+ * CLOSE_POLLS of them: each query costs as much as a driver call, and when many streams each
+ * start with such a request (say after a synchronization), asking all of them every time
+ * delays every stream's next launch. Pool lock held. Returns true if anything moved. */
+static bool
+flush_observed(struct sop_pool *pool, struct sop__sstream *ss, size_t close)
 {
 	struct sop__sstream *o;
 	bool moved = false;
+	int asked = 0;
 
 	for (o = pool->streams; o; o = o->next) {
 		uint64_t done;
 
 		if (o == ss || !sop__sstream_cached(o))
 			continue;
+		if (close && (asked == CLOSE_POLLS || !cache_has_close(o, close)))
+			continue;
+		asked++;
 		done = sop__stream_poll(o->st);
 		if (done && sop__sstream_flush(o, done))
 			moved = true;
@@ -784,11 +809,13 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 	 * opportunistic policy, other streams'. */
 	b = best_take(pool, ss, size, &from, &crowded);
 	if (!b || (b->size > close_limit(size) && size >= POLL_MIN)) {
+		size_t close = b ? size : 0;
+
 		if (b)
 			put_back(pool, b, from);
 		own_flush(ss);
 		if (atomic_load(&pool->reuse_opportunistic))
-			flush_observed(pool, ss);
+			flush_observed(pool, ss, close);
 		b = best_take(pool, ss, size, &from, &crowded);
 	}
 	/* Free memory in another stream's segment, once threads meet in the pool: a segment of
