@@ -537,6 +537,8 @@ void sop__stream_probe(struct sop__stream *st, CUstream handle, uint64_t seq);
 void sop__stream_completed(struct sop__stream *st, uint64_t epoch);
 /* Query the stream's pending probes; returns the epoch up to which its frees are complete. */
 uint64_t sop__stream_poll(struct sop__stream *st);
+/* CLOCK_MONOTONIC in nanoseconds. */
+uint64_t sop__now_ns(void);
 /* What t's future work is ordered after, copied. */
 void sop__stream_deps(struct sop__stream *t, struct sop__clock *out);
 /* Make t (named by t_handle) wait for a probe of s that covers seq, and remember it.
@@ -597,6 +599,7 @@ struct sop_pool {
 	CUmemAccessDesc *access; /* peers granted access, besides the owner */
 	size_t n_access;
 	uint64_t used_high; /* pool lock; see sop__pool_used */
+	uint64_t loose_poll_ns; /* pool lock; see flush_observed */
 	SOP_PAD(pad1);
 
 	/* Read by every free, written when growth fails, at synchronization points, and when the

@@ -201,8 +201,8 @@ sop__stream_completed(struct sop__stream *st, uint64_t epoch)
  * allocation it serves, and the answer rarely changes faster. */
 #define POLL_BACKOFF_NS 4000
 
-static uint64_t
-now_ns(void)
+uint64_t
+sop__now_ns(void)
 {
 	struct timespec t;
 
@@ -218,7 +218,7 @@ sop__stream_poll(struct sop__stream *st)
 	/* Nothing to learn, or asked a moment ago. */
 	if (atomic_load(&st->newest) <= done)
 		return done;
-	t = now_ns();
+	t = sop__now_ns();
 	if (t < atomic_load_explicit(&st->next_poll_ns, memory_order_relaxed))
 		return done;
 	pthread_mutex_lock(&st->lock);
