@@ -1,8 +1,9 @@
 /* placement.c - where a stream's own memory goes: frees merge with the stream's cached neighbours
  * of another size, equal-size neighbours stay apart so that a batch of one size is reused whole,
  * and a stream splits its own memory only when the heap holds no tighter fit. The stream is kept
- * busy behind a gate throughout, so that no free completes and every answer comes from these
- * rules alone. */
+ * busy behind a gate for these, so that no free completes and every answer comes from these
+ * rules alone. Last, segment affinity: which segment a second stream's memory comes from, before
+ * and after threads have met in the pool. */
 #include "helpers.h"
 
 #define KiB ((size_t)1 << 10)
@@ -140,6 +141,71 @@ free_only_stream(void)
 	th_stream_destroy(b);
 }
 
+/* The segment holding addr. */
+static struct sop__segment *
+segment_of(sop_pool_t pool, void *addr)
+{
+	CUdeviceptr a = (CUdeviceptr)(uintptr_t)addr;
+	struct sop__segment *seg;
+
+	for (seg = pool->segments; seg; seg = seg->next)
+		if (a >= seg->va && a - seg->va < seg->size)
+			return seg;
+	return NULL;
+}
+
+/* Segment affinity. In a pool used from one thread, a second stream's small request takes the
+ * free memory left in the first stream's segment. Once threads have met on a segment lock (the
+ * flag a waiting thread sets, set here by hand), it grows a segment of its own instead; and a
+ * segment whose memory is all free again is nobody's, and the next stream to take memory from
+ * it makes it its own. */
+static void
+affinity(CUstream s1, CUstream s2)
+{
+	cuuint64_t keep = UINT64_MAX;
+	sop_pool_t pool;
+	void *a, *b;
+	int met;
+
+	for (met = 0; met < 2; met++) {
+		pool = th_pool(0, 0);
+		TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+		TH_OK(sop_malloc_from_pool_async(&a, MiB, pool, s1));
+		TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 32 * MiB);
+		TH_ASSERT(segment_of(pool, a)->home != NULL);
+		atomic_store(&pool->threads_met, met);
+		TH_OK(sop_malloc_from_pool_async(&b, MiB, pool, s2));
+		if (!met) {
+			/* Best fit alone: the rest of s1's segment, right after a. */
+			TH_EQ((char *)b - (char *)a, (long)MiB);
+			TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 32 * MiB);
+		} else {
+			/* A segment of s2's own: another step, elsewhere. */
+			TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 64 * MiB);
+			TH_ASSERT(segment_of(pool, b) != segment_of(pool, a));
+			TH_ASSERT(segment_of(pool, b)->home != segment_of(pool, a)->home);
+		}
+		TH_CHECK(pool);
+		TH_OK(sop_free_async(b, s2));
+		TH_OK(sop_free_async(a, s1));
+		TH_OK(sop_stream_synchronize(s1));
+		TH_OK(sop_stream_synchronize(s2));
+		TH_CHECK(pool);
+		if (met) {
+			/* Both segments are all free again: nobody's. s2 takes from the one that
+			 * was s1's and makes it its own. */
+			struct sop__segment *seg = segment_of(pool, a);
+			TH_ASSERT(seg && !seg->home);
+			TH_OK(sop_malloc_from_pool_async(&b, MiB, pool, s2));
+			TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 64 * MiB);
+			TH_ASSERT(segment_of(pool, b)->home != NULL);
+			TH_OK(sop_free_async(b, s2));
+			TH_OK(sop_stream_synchronize(s2));
+		}
+		TH_OK(sop_pool_destroy(pool));
+	}
+}
+
 int
 main(void)
 {
@@ -156,6 +222,11 @@ main(void)
 	th_gate_open(&gate);
 	free_only_stream();
 	TH_OK(sop_stream_synchronize(s));
+	{
+		CUstream s2 = th_stream();
+		affinity(s, s2);
+		th_stream_destroy(s2);
+	}
 	th_stream_destroy(s);
 	printf("placement: ok\n");
 	return 0;
