@@ -4,7 +4,7 @@
  * Files:
  *   driver.c   the only file that calls cu*: a table of entry points loaded with dlopen
  *   bins.c     segregated-fit free lists (TLSF): two bitmaps and 32 lists per power of two
- *   heap.c     blocks, segments and the pool-wide heap: split, merge, grow, release
+ *   heap.c     blocks, segments, pieces and the pool-wide heap: split, merge, grow, release
  *   stream.c   per-stream free caches, the thread-local stream cache and the hot path
  *   pool.c     pool objects: create, destroy, attributes, access, trim, synchronization
  *   registry.c process-wide state: the address-to-pool table, default and current pools
@@ -33,8 +33,8 @@
 /* Every block is a multiple of 512 bytes and 512-byte aligned, the driver's own spacing. */
 #define SOP_ALIGN_LOG2 9
 #define SOP_ALIGN ((size_t)1 << SOP_ALIGN_LOG2)
-/* Physical memory is added in segments of at least this much (the driver's pool grows in
- * 32 MiB steps); larger requests get a segment of their own size. */
+/* Physical memory is added at least this much at a time (the driver's pool grows in 32 MiB
+ * steps), or what a larger request needs beyond the free memory next to where it goes. */
 #define SOP_SEGMENT_MIN ((size_t)32 << 20)
 /* Each pool reserves this many times the device's memory of virtual addresses. */
 #define SOP_VA_FACTOR 4
