@@ -583,7 +583,13 @@ take_followed(struct sop_pool *pool, struct sop__sstream *ss, size_t size, size_
 	return NULL;
 }
 
-static inline size_t close_limit(size_t size);
+/* Take a cached block whole on the hot path if it wastes at most an eighth of the request;
+ * larger ones are split. */
+static inline size_t
+close_limit(size_t size)
+{
+	return size + (size >> 3);
+}
 
 /* Whether o's cache holds a block a request of size bytes would take whole. */
 static bool
@@ -672,14 +678,6 @@ take_with_wait(struct sop_pool *pool, struct sop__sstream *ss, CUstream stream, 
 		sop__lock_drop(&o->lock);
 	}
 	return NULL;
-}
-
-/* Take a cached block whole on the hot path if it wastes at most an eighth of the request;
- * larger ones are split. */
-static inline size_t
-close_limit(size_t size)
-{
-	return size + (size >> 3);
 }
 
 /* On the slow path, requests of at least this size ask what has completed before carving a
