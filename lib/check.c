@@ -70,6 +70,7 @@ sop__pool_check(struct sop_pool *pool)
 		goto out;
 	for (seg = pool->segments; seg; prev_seg = seg, seg = seg->next) {
 		CUdeviceptr end = seg->va;
+		long n_blocks = 0;
 
 		CHECK(seg->prev == prev_seg);
 		CHECK(seg->va >= pool->va_base && seg->va + seg->size <= pool->va_base + pool->va_size);
@@ -140,8 +141,11 @@ sop__pool_check(struct sop_pool *pool)
 				n_cached++;
 			}
 			end += b->size;
+			n_blocks++;
 		}
 		CHECK(end == seg->va + seg->size);
+		/* The map holds these blocks and nothing else in the segment's range. */
+		CHECK(sop__map_census(pool, seg) == n_blocks);
 	}
 	for (b = pool->holes; b; b = b->free_next)
 		n_holes--;

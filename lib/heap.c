@@ -9,14 +9,15 @@
  * as they arrive; CACHED blocks belong to a stream (stream.c), which splits and merges them
  * under its own lock and the segment's.
  *
- * The block map answers "which block starts at this address" without a lock: a three-level
- * radix table over the reservation in 512-byte units, written under segment locks with atomic
- * stores, read by frees on any thread.
+ * The block map answers "which block starts at this address" without a lock: a directory over
+ * the reservation with leaves of 512-byte slots where blocks start, written under segment
+ * locks with atomic stores, read by frees on any thread.
  *
  * The growth and release paths run with the pool lock held.
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "internal.h"
 
@@ -83,126 +84,289 @@ sop__block_delete(struct sop_pool *pool, struct sop__block *b)
 
 /* ---- The block map ---------------------------------------------------------------------- */
 
-#define MAP_LEAF_LOG2 SOP_MAP_LEAF_LOG2
-#define MAP_MID_LOG2 SOP_MAP_MID_LOG2
-#define MAP_TOP_LOG2 SOP_MAP_TOP_LOG2
-#define MAP_LEAF (1u << MAP_LEAF_LOG2)
-#define MAP_MID (1u << MAP_MID_LOG2)
+/* A directory with one entry per MAP_SPAN of the reservation, and beside it a count of the
+ * blocks that start in the span. An entry is NULL (none), the descriptor of the one block that
+ * starts there (tagged with the low bit), or a leaf of slots, one per 512 bytes. Blocks of
+ * megabytes start a span or more apart: most spans hold one block, and a lookup of it costs
+ * one load before the descriptor, which the caller reads anyway. A span that gains a second
+ * block gets a leaf, and keeps it until its last block is gone: only a leaf that names no
+ * block is ever detached, which makes the lock-free reading below safe. Leaves thus follow
+ * the blocks the pool has now, not every address it ever split at (random sizes spread split
+ * points over the whole of a segment: kept, the leaves grew by a page fault every few
+ * operations and took most of the time of a warm pool of large blocks).
+ *
+ * Segments are sized in whole spans, so that each span lies in one segment and its entry, count
+ * and leaf are written under that segment's lock. Detached leaves go to the segment's spares;
+ * the pool keeps the rest, under leaf_lock, which a segment takes only to refill or shed in
+ * batches. Spares are arrays of pointers: moving a leaf touches none of its lines.
+ *
+ * A reader without a lock may hold an entry that is stale: a descriptor since absorbed into a
+ * neighbour and reused, or a leaf since detached and attached elsewhere. What it finds then
+ * names some other block, whose tag (which holds the block's address) tells: sop__map_get
+ * checks a lone descriptor's, callers check a slot's as they claim. A block being freed is
+ * ALLOC, so its descriptor is not reused and its leaf, which names it, is not detached. Leaves
+ * are freed only with the pool. */
+
+#define MAP_LEAF ((size_t)1 << SOP_MAP_LEAF_LOG2)
+#define MAP_SPAN (SOP_ALIGN << SOP_MAP_LEAF_LOG2)
+#define LEAVES_FILL (SOP_LEAVES_KEPT / 4) /* a segment refills its spares to this many */
+#define LEAF_SLAB 32 /* leaves per host allocation */
 
 typedef _Atomic(struct sop__block *) map_slot;
 
-struct sop__block *
-sop__map_get(struct sop_pool *pool, CUdeviceptr addr)
-{
-	uint64_t key;
-	struct sop__block **mid;
-	map_slot *leaf;
+struct sop__map_leaf {
+	map_slot slot[MAP_LEAF];
+};
 
-	if (addr < pool->va_base || addr - pool->va_base >= pool->va_size ||
-	    (addr & (SOP_ALIGN - 1)))
-		return NULL;
-	key = (addr - pool->va_base) >> SOP_ALIGN_LOG2;
-	mid = atomic_load_explicit(&pool->map_top[key >> (MAP_LEAF_LOG2 + MAP_MID_LOG2)],
-				   memory_order_acquire);
-	if (!mid)
-		return NULL;
-	leaf = atomic_load_explicit(
-		(_Atomic(map_slot *) *)&mid[(key >> MAP_LEAF_LOG2) & (MAP_MID - 1)],
-		memory_order_acquire);
-	if (!leaf)
-		return NULL;
-	return atomic_load_explicit(&leaf[key & (MAP_LEAF - 1)], memory_order_acquire);
+struct sop__leaf_slab {
+	struct sop__leaf_slab *next;
+	struct sop__map_leaf leaf[LEAF_SLAB];
+};
+
+_Static_assert(MAP_LEAF <= 255, "a span's count of blocks fits in a byte");
+_Static_assert(_Alignof(struct sop__block) > 1, "a descriptor's low bit tags a lone block");
+
+#define MAP_LONE ((uintptr_t)1)
+
+static inline struct sop__map_leaf *
+entry_leaf(uintptr_t e)
+{
+	return (struct sop__map_leaf *)e;
 }
 
-/* Setting NULL never allocates; setting a block may fail only for lack of host memory, which
- * callers avoid by calling map_reserve first. Tables are added with compare-and-swap: two
- * streams carving in one range may race to add the same one. */
-static bool
-map_slot_get(struct sop_pool *pool, CUdeviceptr addr, map_slot **slot, bool create)
+static inline struct sop__block *
+entry_lone(uintptr_t e)
 {
-	uint64_t key = (addr - pool->va_base) >> SOP_ALIGN_LOG2;
-	size_t top = key >> (MAP_LEAF_LOG2 + MAP_MID_LOG2);
-	size_t m = (key >> MAP_LEAF_LOG2) & (MAP_MID - 1);
-	struct sop__block **mid = atomic_load_explicit(&pool->map_top[top], memory_order_acquire);
-	_Atomic(map_slot *) *mslot;
-	map_slot *leaf;
+	return (struct sop__block *)(e & ~MAP_LONE);
+}
 
-	if (!mid) {
-		struct sop__block **fresh;
-		if (!create)
-			return false;
-		fresh = calloc(MAP_MID, sizeof(void *));
-		if (!fresh)
-			return false;
-		if (atomic_compare_exchange_strong_explicit(&pool->map_top[top], &mid, fresh,
-							    memory_order_acq_rel,
-							    memory_order_acquire))
-			mid = fresh;
-		else
-			free(fresh); /* mid is the winner's */
-	}
-	mslot = (_Atomic(map_slot *) *)&mid[m];
-	leaf = atomic_load_explicit(mslot, memory_order_acquire);
-	if (!leaf) {
-		map_slot *fresh;
-		if (!create)
-			return false;
-		fresh = calloc(MAP_LEAF, sizeof *fresh);
-		if (!fresh)
-			return false;
-		if (atomic_compare_exchange_strong_explicit(mslot, &leaf, fresh, memory_order_acq_rel,
-							    memory_order_acquire))
-			leaf = fresh;
-		else
-			free(fresh);
-	}
-	*slot = &leaf[key & (MAP_LEAF - 1)];
+static inline CUdeviceptr
+block_addr_of_tag(const struct sop__block *b)
+{
+	return (CUdeviceptr)(atomic_load_explicit(&b->tag, memory_order_acquire) >> 3)
+	       << SOP_ALIGN_LOG2;
+}
+
+static size_t
+map_spans(const struct sop_pool *pool)
+{
+	return pool->va_size / MAP_SPAN;
+}
+
+bool
+sop__map_init(struct sop_pool *pool)
+{
+	size_t n = map_spans(pool);
+	/* 9 bytes per 64 KiB: up to 288 MiB for the largest reservation, of which the system
+	 * backs only the pages that segments use. */
+	void *dir = mmap(NULL, n * (sizeof *pool->map_dir + 1), PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+	if (dir == MAP_FAILED)
+		return false;
+	pool->map_dir = dir;
+	pool->map_used = (uint8_t *)(pool->map_dir + n);
 	return true;
-}
-
-static bool
-map_reserve(struct sop_pool *pool, CUdeviceptr addr)
-{
-	map_slot *slot;
-
-	return map_slot_get(pool, addr, &slot, true);
-}
-
-void
-sop__map_set(struct sop_pool *pool, CUdeviceptr addr, struct sop__block *b)
-{
-	map_slot *slot;
-
-	if (map_slot_get(pool, addr, &slot, b != NULL))
-		atomic_store_explicit(slot, b, memory_order_release);
 }
 
 void
 sop__map_destroy(struct sop_pool *pool)
 {
-	size_t t, m;
+	struct sop__leaf_slab *s;
 
-	if (!pool->map_top)
-		return;
-	for (t = 0; t < (1u << MAP_TOP_LOG2); t++) {
-		struct sop__block **mid = atomic_load(&pool->map_top[t]);
-		if (!mid)
-			continue;
-		for (m = 0; m < MAP_MID; m++)
-			free(mid[m]);
-		free(mid);
+	if (pool->map_dir)
+		munmap((void *)pool->map_dir, map_spans(pool) * (sizeof *pool->map_dir + 1));
+	pool->map_dir = NULL;
+	pool->map_used = NULL;
+	while ((s = pool->leaf_slabs)) {
+		pool->leaf_slabs = s->next;
+		free(s);
 	}
-	free(pool->map_top);
-	pool->map_top = NULL;
+	free(pool->leaf_spare);
+	pool->leaf_spare = NULL;
+	pool->n_leaf_spare = pool->cap_leaf_spare = pool->n_leaves = 0;
+}
+
+struct sop__block *
+sop__map_get(struct sop_pool *pool, CUdeviceptr addr)
+{
+	uint64_t key;
+	uintptr_t e;
+
+	if (addr < pool->va_base || addr - pool->va_base >= pool->va_size ||
+	    (addr & (SOP_ALIGN - 1)))
+		return NULL;
+	key = (addr - pool->va_base) >> SOP_ALIGN_LOG2;
+	e = atomic_load_explicit(&pool->map_dir[key >> SOP_MAP_LEAF_LOG2], memory_order_acquire);
+	if (e & MAP_LONE) {
+		struct sop__block *b = entry_lone(e);
+		return block_addr_of_tag(b) == addr ? b : NULL;
+	}
+	if (!e)
+		return NULL;
+	return atomic_load_explicit(&entry_leaf(e)->slot[key & (MAP_LEAF - 1)],
+				    memory_order_acquire);
+}
+
+long
+sop__map_census(struct sop_pool *pool, const struct sop__segment *seg)
+{
+	size_t i, k, first = (seg->va - pool->va_base) / MAP_SPAN;
+	long n = 0;
+
+	for (i = first; i < first + seg->size / MAP_SPAN; i++) {
+		uintptr_t e = atomic_load(&pool->map_dir[i]);
+		struct sop__map_leaf *leaf = entry_leaf(e);
+		unsigned int used = 0;
+
+		if (!e) {
+			if (pool->map_used[i])
+				return -1;
+			continue;
+		}
+		if (e & MAP_LONE) {
+			struct sop__block *b = entry_lone(e);
+			if (pool->map_used[i] != 1 || b->seg != seg ||
+			    (b->addr - pool->va_base) / MAP_SPAN != i)
+				return -1;
+			n++;
+			continue;
+		}
+		for (k = 0; k < MAP_LEAF; k++) {
+			struct sop__block *b = atomic_load(&leaf->slot[k]);
+			if (!b)
+				continue;
+			if (b->addr != pool->va_base + (i * MAP_LEAF + k) * SOP_ALIGN || b->seg != seg)
+				return -1;
+			used++;
+		}
+		if (!used || used != pool->map_used[i])
+			return -1;
+		n += used;
+	}
+	return n;
+}
+
+/* Bring to up to want spare leaves (at least need) from the pool's, making more if it has
+ * none. False only for lack of host memory. */
+static bool
+leaves_get(struct sop_pool *pool, struct sop__leaves *to, unsigned int need, unsigned int want)
+{
+	sop__lock_take(&pool->leaf_lock);
+	while (to->n < want) {
+		struct sop__leaf_slab *s;
+		size_t i;
+
+		if (pool->n_leaf_spare) {
+			to->v[to->n++] = pool->leaf_spare[--pool->n_leaf_spare];
+			continue;
+		}
+		/* Room for every leaf made, so that leaves_put cannot fail. */
+		if (pool->cap_leaf_spare < pool->n_leaves + LEAF_SLAB) {
+			size_t cap = pool->cap_leaf_spare * 2 + LEAF_SLAB;
+			struct sop__map_leaf **v = realloc(pool->leaf_spare, cap * sizeof *v);
+			if (!v)
+				break;
+			pool->leaf_spare = v;
+			pool->cap_leaf_spare = cap;
+		}
+		s = calloc(1, sizeof *s);
+		if (!s)
+			break;
+		s->next = pool->leaf_slabs;
+		pool->leaf_slabs = s;
+		pool->n_leaves += LEAF_SLAB;
+		for (i = 0; i < LEAF_SLAB; i++)
+			pool->leaf_spare[pool->n_leaf_spare++] = &s->leaf[i];
+	}
+	sop__lock_drop(&pool->leaf_lock);
+	return to->n >= need;
+}
+
+/* Give the pool all but keep of from's spare leaves. The pool's array has room for every leaf
+ * it made. */
+static void
+leaves_put(struct sop_pool *pool, struct sop__leaves *from, unsigned int keep)
+{
+	sop__lock_take(&pool->leaf_lock);
+	while (from->n > keep)
+		pool->leaf_spare[pool->n_leaf_spare++] = from->v[--from->n];
+	sop__lock_drop(&pool->leaf_lock);
+}
+
+/* Take seg's lock with n spare leaves on hand, so that up to n slots can be set under it. */
+static bool
+segment_lock_leaves(struct sop_pool *pool, struct sop__segment *seg, unsigned int n)
+{
+	sop__segment_lock(seg);
+	if (SOP_LIKELY(seg->leaves.n >= n) || leaves_get(pool, &seg->leaves, n, LEAVES_FILL))
+		return true;
+	sop__lock_drop(&seg->lock);
+	return false;
+}
+
+/* Note b, a block that starts at addr where none did. A span's second block brings a leaf,
+ * from spares, which the caller has made sure holds one for each block it may add. A slot is
+ * known to be empty, so it is only written: in a leaf just attached its line is cold, and the
+ * store does not wait for it. Segment lock held. */
+static void
+map_add(struct sop_pool *pool, struct sop__leaves *spares, CUdeviceptr addr, struct sop__block *b)
+{
+	uint64_t key = (addr - pool->va_base) >> SOP_ALIGN_LOG2;
+	size_t i = key >> SOP_MAP_LEAF_LOG2;
+	uintptr_t e = atomic_load_explicit(&pool->map_dir[i], memory_order_relaxed);
+	struct sop__map_leaf *leaf;
+
+	pool->map_used[i]++;
+	if (!e) {
+		atomic_store_explicit(&pool->map_dir[i], (uintptr_t)b | MAP_LONE,
+				      memory_order_release);
+		return;
+	}
+	if (e & MAP_LONE) {
+		struct sop__block *lone = entry_lone(e);
+		leaf = spares->v[--spares->n];
+		atomic_store_explicit(&leaf->slot[(lone->addr - pool->va_base) / SOP_ALIGN &
+						  (MAP_LEAF - 1)],
+				      lone, memory_order_relaxed);
+		atomic_store_explicit(&leaf->slot[key & (MAP_LEAF - 1)], b, memory_order_relaxed);
+		atomic_store_explicit(&pool->map_dir[i], (uintptr_t)leaf, memory_order_release);
+		return;
+	}
+	atomic_store_explicit(&entry_leaf(e)->slot[key & (MAP_LEAF - 1)], b, memory_order_release);
+}
+
+/* Forget the block that starts at addr, in seg. A leaf left naming no block goes to seg's
+ * spares. Segment lock held. */
+static void
+map_remove(struct sop_pool *pool, struct sop__segment *seg, CUdeviceptr addr)
+{
+	uint64_t key = (addr - pool->va_base) >> SOP_ALIGN_LOG2;
+	size_t i = key >> SOP_MAP_LEAF_LOG2;
+	uintptr_t e = atomic_load_explicit(&pool->map_dir[i], memory_order_relaxed);
+	struct sop__map_leaf *leaf = entry_leaf(e);
+
+	if (e & MAP_LONE) {
+		pool->map_used[i] = 0;
+		atomic_store_explicit(&pool->map_dir[i], 0, memory_order_release);
+		return;
+	}
+	atomic_store_explicit(&leaf->slot[key & (MAP_LEAF - 1)], NULL, memory_order_release);
+	if (--pool->map_used[i])
+		return;
+	atomic_store_explicit(&pool->map_dir[i], 0, memory_order_release);
+	if (seg->leaves.n == SOP_LEAVES_KEPT)
+		leaves_put(pool, &seg->leaves, LEAVES_FILL);
+	seg->leaves.v[seg->leaves.n++] = leaf;
 }
 
 /* ---- Split and merge -------------------------------------------------------------------- */
 
-/* Link rest, a fresh descriptor, as the part of b beyond size bytes, in b's state. Segment lock
- * held. */
+/* Link rest, a fresh descriptor, as the part of b beyond size bytes, in b's state; its map
+ * slot's leaf, if it needs one, comes from spares. Segment lock held. */
 static void
 block_split(struct sop_pool *pool, struct sop__block *b, struct sop__block *rest, size_t size,
-	    enum sop__state state)
+	    enum sop__state state, struct sop__leaves *spares)
 {
 	rest->addr = b->addr + size;
 	rest->size = b->size - size;
@@ -215,7 +379,7 @@ block_split(struct sop_pool *pool, struct sop__block *b, struct sop__block *rest
 	b->phys_next = rest;
 	b->size = size;
 	atomic_store_explicit(&rest->tag, sop__tag(rest->addr, state), memory_order_release);
-	sop__map_set(pool, rest->addr, rest);
+	map_add(pool, spares, rest->addr, rest);
 }
 
 void
@@ -229,13 +393,14 @@ sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size,
 		return;
 	/* A descriptor and a map slot are needed; without host memory the block is handed out
 	 * whole, which wastes device memory but stays correct. */
-	if (!map_reserve(pool, b->addr + size))
-		return;
 	rest = sop__block_new(pool);
 	if (!rest)
 		return;
-	sop__segment_lock(b->seg);
-	block_split(pool, b, rest, size, state);
+	if (!segment_lock_leaves(pool, b->seg, 1)) {
+		sop__block_delete(pool, rest);
+		return;
+	}
+	block_split(pool, b, rest, size, state, &b->seg->leaves);
 	sop__lock_drop(&b->seg->lock);
 	if (state == SOP_BLOCK_CACHED) {
 		sop__lock_take(&from->lock);
@@ -257,14 +422,13 @@ sop__block_carve_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 		sop__bins_remove(&ss->cache, b);
 		return true;
 	}
-	if (!rest || !map_reserve(pool, b->addr + size))
+	if (!rest || !segment_lock_leaves(pool, b->seg, 1))
 		return false;
 	sop__bins_remove(&ss->cache, b);
 	ss->spare = rest->free_next;
 	ss->n_spare--;
 	rest->free_next = NULL;
-	sop__segment_lock(b->seg);
-	block_split(pool, b, rest, size, SOP_BLOCK_CACHED);
+	block_split(pool, b, rest, size, SOP_BLOCK_CACHED, &b->seg->leaves);
 	sop__lock_drop(&b->seg->lock);
 	sop__block_set_owner(rest, ss);
 	sop__bins_insert(&ss->cache, rest);
@@ -280,7 +444,7 @@ sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__
 	b->phys_next = n->phys_next;
 	if (n->phys_next)
 		sop__link_set(&n->phys_next->phys_prev, b);
-	sop__map_set(pool, n->addr, NULL);
+	map_remove(pool, b->seg, n->addr);
 	atomic_store_explicit(&n->tag, sop__tag(0, SOP_BLOCK_DEAD), memory_order_release);
 	sop__block_set_owner(n, NULL);
 	n->free_next = *spare;
@@ -550,11 +714,15 @@ static struct sop__segment *
 segment_new(struct sop_pool *pool, size_t size, size_t min, const struct sop__sstream *home)
 {
 	struct sop__segment *seg = calloc(1, sizeof *seg);
+	size_t unit = pool->granularity > MAP_SPAN ? pool->granularity : MAP_SPAN;
 	struct sop__block *h = NULL;
 	size_t off;
 
 	if (!seg)
 		return NULL;
+	/* Whole spans of the block map, so that no leaf is shared by two segments' locks. */
+	size = sop__round_up(size, unit);
+	min = sop__round_up(min, unit);
 	if (!va_take(pool, size, &off)) {
 		size = min;
 		if (!va_take(pool, size, &off)) {
@@ -562,7 +730,8 @@ segment_new(struct sop_pool *pool, size_t size, size_t min, const struct sop__ss
 			return NULL;
 		}
 	}
-	if (!map_reserve(pool, pool->va_base + off) || !(h = sop__block_new(pool))) {
+	if (!leaves_get(pool, &seg->leaves, 1, LEAVES_FILL) || !(h = sop__block_new(pool))) {
+		leaves_put(pool, &seg->leaves, 0);
 		va_give(pool, off, size);
 		free(seg);
 		return NULL;
@@ -576,7 +745,7 @@ segment_new(struct sop_pool *pool, size_t size, size_t min, const struct sop__ss
 	h->size = size;
 	h->seg = seg;
 	atomic_store_explicit(&h->tag, sop__tag(h->addr, SOP_BLOCK_HOLE), memory_order_release);
-	sop__map_set(pool, h->addr, h);
+	map_add(pool, &seg->leaves, h->addr, h); /* not yet seen by others: no lock */
 	hole_link(pool, h);
 	segment_link(pool, seg);
 	return seg;
@@ -589,7 +758,8 @@ segment_drop(struct sop_pool *pool, struct sop__segment *seg)
 	struct sop__block *h = seg->first;
 
 	hole_unlink(pool, h);
-	sop__map_set(pool, h->addr, NULL);
+	map_remove(pool, seg, h->addr);
+	leaves_put(pool, &seg->leaves, 0);
 	sop__block_delete(pool, h);
 	segment_unlink(pool, seg);
 	va_give(pool, seg->va - pool->va_base, seg->size);
@@ -802,7 +972,7 @@ join_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b, s
 {
 	struct sop__segment *seg = b->seg;
 	struct sop__block *p, *n, *d;
-	bool own_p, own_n;
+	bool own_p, own_n, leaf;
 
 	*from = NULL;
 	if (!ss || b->size >= size)
@@ -811,7 +981,10 @@ join_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b, s
 	if (!d)
 		return b;
 	sop__lock_take(&ss->lock);
-	sop__segment_lock(seg);
+	/* Without a leaf for the split's map slot, b is joined whole. */
+	leaf = segment_lock_leaves(pool, seg, 1);
+	if (!leaf)
+		sop__segment_lock(seg);
 	p = b->phys_prev;
 	n = b->phys_next;
 	own_p = p && sop__block_state(p) == SOP_BLOCK_CACHED && sop__block_owner(p) == ss;
@@ -831,15 +1004,13 @@ join_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b, s
 		own_n = false;
 	}
 	/* Only the part of b next to the joined neighbour that the request needs. */
-	if (own_p && !own_n && p->size + b->size - size >= SOP_ALIGN &&
-	    map_reserve(pool, b->addr + (size - p->size))) {
-		block_split(pool, b, d, size - p->size, SOP_BLOCK_FREE);
+	if (own_p && !own_n && p->size + b->size - size >= SOP_ALIGN && leaf) {
+		block_split(pool, b, d, size - p->size, SOP_BLOCK_FREE, &seg->leaves);
 		sop__bins_insert(&pool->heap, d);
 		d = NULL;
-	} else if (own_n && !own_p && n->size + b->size - size >= SOP_ALIGN &&
-		   map_reserve(pool, b->addr + (b->size - (size - n->size)))) {
+	} else if (own_n && !own_p && n->size + b->size - size >= SOP_ALIGN && leaf) {
 		struct sop__block *head = b;
-		block_split(pool, b, d, b->size - (size - n->size), SOP_BLOCK_FREE);
+		block_split(pool, b, d, b->size - (size - n->size), SOP_BLOCK_FREE, &seg->leaves);
 		b = d;
 		d = NULL;
 		sop__bins_insert(&pool->heap, head);
@@ -892,6 +1063,7 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 {
 	struct sop__block *d[2] = {NULL, NULL}, *h, *b;
 	struct sop__segment *fresh = NULL, *seg;
+	struct sop__leaves lv = {0}; /* for the map slots of the two splits */
 	struct sop__piece *pc = NULL;
 	CUdeviceptr at;
 	struct plan pl;
@@ -912,7 +1084,7 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 	pc = calloc(1, sizeof *pc);
 	d[0] = sop__block_new(pool);
 	d[1] = sop__block_new(pool);
-	if (!pc || !d[0] || !d[1]) {
+	if (!pc || !d[0] || !d[1] || !leaves_get(pool, &lv, 2, 2)) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto fail;
 	}
@@ -934,11 +1106,6 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 		goto fail;
 	for (;;) {
 		at = pl.at_end ? h->addr + h->size - pl.size : h->addr;
-		if (!map_reserve(pool, at) ||
-		    (at + pl.size < h->addr + h->size && !map_reserve(pool, at + pl.size))) {
-			r = CUDA_ERROR_OUT_OF_MEMORY;
-			break;
-		}
 		r = piece_map(pool, at, pl.size, &pc->handle);
 		/* The device cannot back the full step; it may still back the request. */
 		if (r != CUDA_ERROR_OUT_OF_MEMORY || pl.size == pl.least)
@@ -954,17 +1121,18 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 	sop__segment_lock(seg);
 	b = h;
 	if (at > h->addr) {
-		block_split(pool, h, d[k], at - h->addr, SOP_BLOCK_HOLE);
+		block_split(pool, h, d[k], at - h->addr, SOP_BLOCK_HOLE, &lv);
 		b = d[k++];
 	} else {
 		hole_unlink(pool, h);
 	}
 	if (b->size > pc->size) {
-		block_split(pool, b, d[k], pc->size, SOP_BLOCK_HOLE);
+		block_split(pool, b, d[k], pc->size, SOP_BLOCK_HOLE, &lv);
 		hole_link(pool, d[k++]);
 	}
 	piece_link(seg, pc);
 	sop__lock_drop(&seg->lock);
+	leaves_put(pool, &lv, 0);
 	reserved_add(pool, pc->size);
 	while (k < 2)
 		sop__block_delete(pool, d[k++]);
@@ -980,6 +1148,7 @@ fail:
 	for (k = 0; k < 2; k++)
 		if (d[k])
 			sop__block_delete(pool, d[k]);
+	leaves_put(pool, &lv, 0);
 	free(pc);
 	return r;
 }
@@ -1091,7 +1260,7 @@ idle_by_address(const void *a, const void *b)
  * stays FREE. Returns the FREE block after the piece, if any. Pool lock held, pc unmapped. */
 static struct sop__block *
 piece_unback(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc,
-	     struct sop__block *d[2])
+	     struct sop__block *d[2], struct sop__leaves *lv)
 {
 	struct sop__segment *seg = f->seg;
 	struct sop__block *m = f, *left = NULL, *right = NULL, *x;
@@ -1100,12 +1269,12 @@ piece_unback(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc,
 	sop__bins_remove(&pool->heap, f);
 	sop__segment_lock(seg);
 	if (pc->va > f->addr) {
-		block_split(pool, f, d[k], pc->va - f->addr, SOP_BLOCK_FREE);
+		block_split(pool, f, d[k], pc->va - f->addr, SOP_BLOCK_FREE, lv);
 		left = f;
 		m = d[k++];
 	}
 	if (m->size > pc->size) {
-		block_split(pool, m, d[k], pc->size, SOP_BLOCK_FREE);
+		block_split(pool, m, d[k], pc->size, SOP_BLOCK_FREE, lv);
 		right = d[k++];
 	}
 	atomic_store_explicit(&m->tag, sop__tag(m->addr, SOP_BLOCK_HOLE), memory_order_release);
@@ -1135,19 +1304,22 @@ piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc
 	      struct sop__block **right)
 {
 	struct sop__segment *seg = f->seg;
+	struct sop__leaves lv = {0};
 	struct sop__block *d[2];
 	CUresult r;
 
 	*right = NULL;
 	/* What the surgery needs, before anything is given up. */
-	if (!map_reserve(pool, pc->va) ||
-	    (pc->va + pc->size < f->addr + f->size && !map_reserve(pool, pc->va + pc->size)))
+	if (!leaves_get(pool, &lv, 2, 2)) {
+		leaves_put(pool, &lv, 0);
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
 	d[0] = sop__block_new(pool);
 	d[1] = d[0] ? sop__block_new(pool) : NULL;
 	if (!d[1]) {
 		if (d[0])
 			sop__block_delete(pool, d[0]);
+		leaves_put(pool, &lv, 0);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	r = SOP_DRV(cuMemUnmap)(pc->va, pc->size);
@@ -1155,6 +1327,7 @@ piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc
 		/* Still mapped: the piece stays, whole and usable. */
 		sop__block_delete(pool, d[0]);
 		sop__block_delete(pool, d[1]);
+		leaves_put(pool, &lv, 0);
 		return r;
 	}
 	/* Unmapped: the range leaves the pool whatever the release says. */
@@ -1167,7 +1340,8 @@ piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc
 			pool->orphans = o;
 		}
 	}
-	*right = piece_unback(pool, f, pc, d);
+	*right = piece_unback(pool, f, pc, d, &lv);
+	leaves_put(pool, &lv, 0);
 	piece_unlink(seg, pc);
 	atomic_store(&pool->reserved, atomic_load(&pool->reserved) - pc->size);
 	free(pc);

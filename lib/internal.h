@@ -40,16 +40,13 @@
 #define SOP_VA_FACTOR 4
 /* Reservations are aligned to and sized in units of this, the registry's granule. */
 #define SOP_VA_GRANULE_LOG2 30
-/* At most 2 TiB of virtual addresses per pool: the block map's key is 32 bits of 512 B. */
+/* At most 2 TiB of virtual addresses per pool: the block map's directory takes 9 bytes of host
+ * addresses per 64 KiB of them (backed only where segments are). */
 #define SOP_VA_MAX ((size_t)1 << 41)
-/* The block map's levels, in bits of that key. Leaves are small (128 slots, 1 KiB, for 64 KiB of
- * addresses): blocks of megabytes start far apart, and each start needs a leaf of its own, so
- * that a pool of large blocks would otherwise fill a page of host memory per block. */
+/* Slots per block-map leaf, as a power of two: a leaf covers 64 KiB of addresses (one span of
+ * the directory) in 512-byte slots. Spans are small so that blocks of megabytes, which start
+ * far apart, mostly have a span each and need no leaf (heap.c). */
 #define SOP_MAP_LEAF_LOG2 7
-#define SOP_MAP_MID_LOG2 11
-#define SOP_MAP_TOP_LOG2 14
-_Static_assert(SOP_MAP_LEAF_LOG2 + SOP_MAP_MID_LOG2 + SOP_MAP_TOP_LOG2 + SOP_ALIGN_LOG2 == 41,
-	       "the block map covers SOP_VA_MAX");
 
 static inline size_t
 sop__round_up(size_t x, size_t to)
@@ -304,17 +301,27 @@ struct sop__piece {
 	struct sop__piece *next; /* address order within the segment */
 };
 
+/* Spare block-map leaves (heap.c): at most this many on hand. */
+#define SOP_LEAVES_KEPT 32
+struct sop__map_leaf;
+struct sop__leaves {
+	unsigned int n;
+	struct sop__map_leaf *v[SOP_LEAVES_KEPT];
+};
+
 /* A run of the reservation that blocks tile, never crossing its ends. Pieces back parts of it;
  * the rest are HOLE blocks, where a piece may be mapped later. Blocks cross piece boundaries
  * freely, so a request can be served by memory of several pieces, and a piece next to free
  * memory makes it larger without moving anything.
  *
  * Its lock guards the extents of its blocks: their sizes and phys links change, and a block's
- * neighbours are read, only under it. It is the innermost lock: a stream splits and merges its
+ * neighbours are read, only under it. It is the innermost lock but for the pool's leaf_lock,
+ * taken under it to move spare block-map leaves: a stream splits and merges its
  * own cached blocks under its own lock and this one, without the pool lock, while the pool lock
  * holder works on FREE blocks next to them. */
 struct sop__segment {
 	struct sop__lock lock;
+	struct sop__leaves leaves; /* spare leaves for slots in its range; segment lock */
 	atomic_bool *met; /* the pool's threads_met, set when a thread waits for this lock */
 	CUdeviceptr va;
 	size_t size;
@@ -344,9 +351,12 @@ struct sop__block *sop__block_new(struct sop_pool *pool);
 void sop__block_delete(struct sop_pool *pool, struct sop__block *b);
 
 /* The block map: the descriptor of the block starting at addr, or NULL. Lock-free to read;
- * a slot is written under the lock of the segment that holds addr; missing tables are added
- * with compare-and-swap. */
+ * a slot is written under the lock of the segment that holds addr. A descriptor it returns
+ * may be stale: only its tag says whether it is the block at addr in a given state. */
 struct sop__block *sop__map_get(struct sop_pool *pool, CUdeviceptr addr);
+bool sop__map_init(struct sop_pool *pool);
+void sop__map_destroy(struct sop_pool *pool);
+long sop__map_census(struct sop_pool *pool, const struct sop__segment *seg);
 
 /* Take a segment's lock, noting whether anyone had to wait. */
 static inline void
@@ -355,8 +365,6 @@ sop__segment_lock(struct sop__segment *seg)
 	if (SOP_UNLIKELY(sop__lock_take_waited(&seg->lock)))
 		atomic_store_explicit(seg->met, true, memory_order_relaxed);
 }
-void sop__map_set(struct sop_pool *pool, CUdeviceptr addr, struct sop__block *b);
-void sop__map_destroy(struct sop_pool *pool);
 
 /* Take size bytes (a multiple of SOP_ALIGN) out of a free or cached block b that has been
  * removed from its bins; the remainder goes back where b came from: the heap if b is FREE,
@@ -554,9 +562,6 @@ void sop__event_forget(CUevent ev);
 
 /* ---- pool.c ------------------------------------------------------------------------------ */
 
-struct sop__map_leaf;
-
-
 /* The hot paths of many threads read the first group of a pool's fields on every call: they
  * must not lose its line each time the slow path writes the heap or the lock. */
 struct sop_pool {
@@ -572,7 +577,8 @@ struct sop_pool {
 	size_t max_size; /* 0: no cap besides the device */
 	CUdeviceptr va_base;
 	size_t va_size;
-	_Atomic(struct sop__block **) *map_top; /* the block map's first level */
+	_Atomic(uintptr_t) *map_dir; /* the block map, an entry per 64 KiB (heap.c) */
+	uint8_t *map_used; /* blocks starting in each 64 KiB; segment locks */
 	atomic_int reuse_follow, reuse_opportunistic, reuse_internal;
 	SOP_PAD(pad0);
 
@@ -615,6 +621,14 @@ struct sop_pool {
 	_Atomic uint64_t reserved, reserved_high;
 	/* Descriptors streams gave back without the pool lock; taken whole under it. */
 	_Atomic(struct sop__block *) returned;
+	SOP_PAD(pad2);
+
+	/* The block map's spare leaves, under leaf_lock, which segment lock holders take now and
+	 * then to refill or shed their own spares (heap.c). */
+	struct sop__lock leaf_lock;
+	struct sop__map_leaf **leaf_spare;
+	size_t n_leaf_spare, cap_leaf_spare, n_leaves;
+	struct sop__leaf_slab *leaf_slabs;
 
 	struct sop_pool *next; /* registry list */
 };

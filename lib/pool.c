@@ -67,9 +67,8 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **ou
 	atomic_init(&pool->reuse_follow, 1);
 	atomic_init(&pool->reuse_opportunistic, 1);
 	atomic_init(&pool->reuse_internal, 1);
-	pool->map_top = calloc((size_t)1 << SOP_MAP_TOP_LOG2, sizeof *pool->map_top);
 	pool->va_free = calloc(1, sizeof *pool->va_free);
-	if (!pool->map_top || !pool->va_free) {
+	if (!pool->va_free) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto fail_host;
 	}
@@ -99,7 +98,12 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **ou
 		goto fail_ctx;
 	pool->va_free->off = 0;
 	pool->va_free->size = pool->va_size;
+	if (!sop__map_init(pool)) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+		goto fail_va;
+	}
 	if (!sop__registry_add(pool)) {
+		sop__map_destroy(pool);
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto fail_va;
 	}
@@ -114,7 +118,6 @@ fail_va:
 fail_ctx:
 	SOP_DRV(cuDevicePrimaryCtxRelease)(pool->device);
 fail_host:
-	free(pool->map_top);
 	free(pool->va_free);
 	pthread_mutex_destroy(&pool->lock);
 	free(pool);
