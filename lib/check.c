@@ -80,16 +80,23 @@ sop__pool_check(struct sop_pool *pool)
 		CHECK(seg->pieces && seg->mapped);
 		{
 			struct sop__piece *pc;
-			size_t mapped = 0;
+			size_t mapped = 0, g = 0, gran = pool->granularity;
 			CUdeviceptr after = seg->va;
 
 			for (pc = seg->pieces; pc; pc = pc->next) {
 				CHECK(pc->va >= after && pc->va + pc->size <= seg->va + seg->size);
-				CHECK(pc->size && pc->size % pool->granularity == 0 &&
-				      (pc->va - pool->va_base) % pool->granularity == 0);
+				CHECK(pc->size && pc->size % gran == 0 &&
+				      (pc->va - pool->va_base) % gran == 0);
+				/* The granule index: nothing before the piece, the piece over it. */
+				for (; seg->va + g * gran < pc->va; g++)
+					CHECK(!seg->backing[g]);
+				for (; seg->va + g * gran < pc->va + pc->size; g++)
+					CHECK(seg->backing[g] == pc);
 				after = pc->va + pc->size;
 				mapped += pc->size;
 			}
+			for (; g < seg->size / gran; g++)
+				CHECK(!seg->backing[g]);
 			CHECK(mapped == seg->mapped);
 			reserved += mapped;
 		}

@@ -730,9 +730,12 @@ segment_new(struct sop_pool *pool, size_t size, size_t min, const struct sop__ss
 			return NULL;
 		}
 	}
-	if (!leaves_get(pool, &seg->leaves, 1, LEAVES_FILL) || !(h = sop__block_new(pool))) {
+	seg->backing = calloc(size / pool->granularity, sizeof *seg->backing);
+	if (!seg->backing || !leaves_get(pool, &seg->leaves, 1, LEAVES_FILL) ||
+	    !(h = sop__block_new(pool))) {
 		leaves_put(pool, &seg->leaves, 0);
 		va_give(pool, off, size);
+		free(seg->backing);
 		free(seg);
 		return NULL;
 	}
@@ -763,6 +766,7 @@ segment_drop(struct sop_pool *pool, struct sop__segment *seg)
 	sop__block_delete(pool, h);
 	segment_unlink(pool, seg);
 	va_give(pool, seg->va - pool->va_base, seg->size);
+	free(seg->backing);
 	free(seg);
 }
 
@@ -806,9 +810,13 @@ out:
 }
 
 static void
-piece_link(struct sop__segment *seg, struct sop__piece *pc)
+piece_link(struct sop_pool *pool, struct sop__segment *seg, struct sop__piece *pc)
 {
 	struct sop__piece **pp = &seg->pieces;
+	size_t i;
+
+	for (i = 0; i < pc->size / pool->granularity; i++)
+		seg->backing[(pc->va - seg->va) / pool->granularity + i] = pc;
 
 	while (*pp && (*pp)->va < pc->va)
 		pp = &(*pp)->next;
@@ -818,9 +826,13 @@ piece_link(struct sop__segment *seg, struct sop__piece *pc)
 }
 
 static void
-piece_unlink(struct sop__segment *seg, struct sop__piece *pc)
+piece_unlink(struct sop_pool *pool, struct sop__segment *seg, struct sop__piece *pc)
 {
 	struct sop__piece **pp = &seg->pieces;
+	size_t i;
+
+	for (i = 0; i < pc->size / pool->granularity; i++)
+		seg->backing[(pc->va - seg->va) / pool->granularity + i] = NULL;
 
 	while (*pp != pc)
 		pp = &(*pp)->next;
@@ -1130,7 +1142,7 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 		block_split(pool, b, d[k], pc->size, SOP_BLOCK_HOLE, &lv);
 		hole_link(pool, d[k++]);
 	}
-	piece_link(seg, pc);
+	piece_link(pool, seg, pc);
 	sop__lock_drop(&seg->lock);
 	leaves_put(pool, &lv, 0);
 	reserved_add(pool, pc->size);
@@ -1213,10 +1225,15 @@ idle_collect(struct sop_pool *pool, size_t *count, size_t *bytes)
 
 			sls &= sls - 1;
 			for (f = heap->head[fl][sl]; f; f = f->free_next) {
-				CUdeviceptr end = f->addr + f->size;
+				struct sop__segment *seg = f->seg;
+				CUdeviceptr end = f->addr + f->size, at;
 				struct sop__piece *pc;
 
-				for (pc = f->seg->pieces; pc && pc->va < end; pc = pc->next) {
+				/* Piece by piece through f (backed whole, being FREE), from
+				 * its first whole granule. */
+				at = seg->va + sop__round_up(f->addr - seg->va, pool->granularity);
+				for (; at < end; at = pc->va + pc->size) {
+					pc = seg->backing[(at - seg->va) / pool->granularity];
 					if (pc->va < f->addr || pc->va + pc->size > end)
 						continue;
 					if (n == cap) {
@@ -1342,7 +1359,7 @@ piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc
 	}
 	*right = piece_unback(pool, f, pc, d, &lv);
 	leaves_put(pool, &lv, 0);
-	piece_unlink(seg, pc);
+	piece_unlink(pool, seg, pc);
 	atomic_store(&pool->reserved, atomic_load(&pool->reserved) - pc->size);
 	free(pc);
 	if (!seg->mapped)

@@ -327,6 +327,7 @@ struct sop__segment {
 	size_t size;
 	size_t mapped; /* bytes of its pieces */
 	struct sop__piece *pieces;
+	struct sop__piece **backing; /* per granule of the range: the piece mapped there, or NULL */
 	struct sop__block *first;
 	/* The stream whose memory it holds, compared only: the stream whose growth made it, or
 	 * the first to take memory from it once it was empty again. The slow path serves a
