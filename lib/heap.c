@@ -1397,7 +1397,8 @@ release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_least
 		v = idle_collect(pool, &n, &bytes);
 		if (bytes < at_least)
 			n = 0;
-		qsort(v, n, sizeof *v, idle_by_size);
+		if (n)
+			qsort(v, n, sizeof *v, idle_by_size);
 		for (i = 0; i < n && reserved > target; i++) {
 			if (reserved - v[i].pc->size < floor)
 				continue;
@@ -1417,7 +1418,8 @@ release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_least
 	r = orphans_release(pool);
 	/* In address order, so that a FREE block holding several is walked once: each release
 	 * leaves the rest of it in the block after the piece. */
-	qsort(v, picked, sizeof *v, idle_by_address);
+	if (picked)
+		qsort(v, picked, sizeof *v, idle_by_address);
 	for (i = 0; i < picked && r == CUDA_SUCCESS; i++) {
 		struct sop__block *f = v[i].f == prev_f && next_f ? next_f : v[i].f;
 
