@@ -77,38 +77,33 @@ sop__pool_check(struct sop_pool *pool)
 		CHECK(!prev_seg || prev_seg->va + prev_seg->size <= seg->va);
 		CHECK(seg->size && seg->size % pool->granularity == 0);
 		CHECK(seg->first && !seg->first->phys_prev);
-		CHECK(seg->pieces && seg->mapped);
+		CHECK(seg->n_pieces && seg->n_pieces <= seg->cap_pieces && seg->mapped);
 		{
-			struct sop__piece *pc;
-			size_t mapped = 0, g = 0, gran = pool->granularity;
+			size_t mapped = 0, i;
 			CUdeviceptr after = seg->va;
 
-			for (pc = seg->pieces; pc; pc = pc->next) {
+			/* In address order (release bisects the array), not overlapping. */
+			for (i = 0; i < seg->n_pieces; i++) {
+				struct sop__piece *pc = seg->pieces[i];
 				CHECK(pc->va >= after && pc->va + pc->size <= seg->va + seg->size);
-				CHECK(pc->size && pc->size % gran == 0 &&
-				      (pc->va - pool->va_base) % gran == 0);
-				/* The granule index: nothing before the piece, the piece over it. */
-				for (; seg->va + g * gran < pc->va; g++)
-					CHECK(!seg->backing[g]);
-				for (; seg->va + g * gran < pc->va + pc->size; g++)
-					CHECK(seg->backing[g] == pc);
+				CHECK(pc->size && pc->size % pool->granularity == 0 &&
+				      (pc->va - pool->va_base) % pool->granularity == 0);
 				after = pc->va + pc->size;
 				mapped += pc->size;
 			}
-			for (; g < seg->size / gran; g++)
-				CHECK(!seg->backing[g]);
 			CHECK(mapped == seg->mapped);
 			reserved += mapped;
 		}
 		for (b = seg->first; b; b = b->phys_next) {
 			enum sop__state st = sop__block_state(b);
-			struct sop__piece *pc;
 			bool backed = false;
+			size_t i;
 
 			/* Backed whole by pieces, or by none at all (a HOLE). */
 			{
 				CUdeviceptr at = b->addr, bend = b->addr + b->size;
-				for (pc = seg->pieces; pc && at < bend; pc = pc->next) {
+				for (i = 0; i < seg->n_pieces && at < bend; i++) {
+					struct sop__piece *pc = seg->pieces[i];
 					if (pc->va + pc->size <= at)
 						continue;
 					if (pc->va > at)
@@ -116,10 +111,12 @@ sop__pool_check(struct sop_pool *pool)
 					at = pc->va + pc->size;
 				}
 				backed = at >= bend;
-				for (pc = seg->pieces; pc; pc = pc->next)
+				for (i = 0; i < seg->n_pieces; i++) {
+					struct sop__piece *pc = seg->pieces[i];
 					if (st == SOP_BLOCK_HOLE)
 						CHECK(pc->va + pc->size <= b->addr ||
 						      pc->va >= bend);
+				}
 			}
 			CHECK(st == SOP_BLOCK_HOLE || backed);
 

@@ -84,9 +84,9 @@ sop__block_delete(struct sop_pool *pool, struct sop__block *b)
 
 /* ---- The block map ---------------------------------------------------------------------- */
 
-/* A directory with one entry per MAP_SPAN of the reservation, and beside it a count of the
- * blocks that start in the span. An entry is NULL (none), the descriptor of the one block that
- * starts there (tagged with the low bit), or a leaf of slots, one per 512 bytes. Blocks of
+/* A directory with one entry per MAP_SPAN of the reservation. An entry is 0 (no block starts in
+ * the span), the descriptor of the one block that does (tagged with the low bit), or a leaf of
+ * slots, one per 512 bytes, with the count of blocks in its low bits. Blocks of
  * megabytes start a span or more apart: most spans hold one block, and a lookup of it costs
  * one load before the descriptor, which the caller reads anyway. A span that gains a second
  * block gets a leaf, and keeps it until its last block is gone: only a leaf that names no
@@ -95,8 +95,8 @@ sop__block_delete(struct sop_pool *pool, struct sop__block *b)
  * points over the whole of a segment: kept, the leaves grew by a page fault every few
  * operations and took most of the time of a warm pool of large blocks).
  *
- * Segments are sized in whole spans, so that each span lies in one segment and its entry, count
- * and leaf are written under that segment's lock. Detached leaves go to the segment's spares;
+ * Segments are sized in whole spans, so that each span lies in one segment and its entry and
+ * leaf are written under that segment's lock. Detached leaves go to the segment's spares;
  * the pool keeps the rest, under leaf_lock, which a segment takes only to refill or shed in
  * batches. Spares are arrays of pointers: moving a leaf touches none of its lines.
  *
@@ -110,28 +110,37 @@ sop__block_delete(struct sop_pool *pool, struct sop__block *b)
 #define MAP_LEAF ((size_t)1 << SOP_MAP_LEAF_LOG2)
 #define MAP_SPAN (SOP_ALIGN << SOP_MAP_LEAF_LOG2)
 #define LEAVES_FILL (SOP_LEAVES_KEPT / 4) /* a segment refills its spares to this many */
-#define LEAF_SLAB 32 /* leaves per host allocation */
+#define LEAF_SLAB 16 /* leaves per host allocation */
 
 typedef _Atomic(struct sop__block *) map_slot;
 
+/* Aligned so that a leaf's entry can hold its count of blocks in the low bits. */
 struct sop__map_leaf {
-	map_slot slot[MAP_LEAF];
+	_Alignas(1024) map_slot slot[MAP_LEAF];
 };
 
 struct sop__leaf_slab {
-	struct sop__leaf_slab *next;
 	struct sop__map_leaf leaf[LEAF_SLAB];
+	struct sop__leaf_slab *next;
 };
 
-_Static_assert(MAP_LEAF <= 255, "a span's count of blocks fits in a byte");
-_Static_assert(_Alignof(struct sop__block) > 1, "a descriptor's low bit tags a lone block");
-
 #define MAP_LONE ((uintptr_t)1)
+#define MAP_COUNT_ONE ((uintptr_t)2) /* a leaf entry's count, above the tag bit */
+#define MAP_LEAF_BITS ((uintptr_t)_Alignof(struct sop__map_leaf) - 1)
+
+_Static_assert(_Alignof(struct sop__block) > 1, "a descriptor's low bit tags a lone block");
+_Static_assert(MAP_LEAF * MAP_COUNT_ONE <= MAP_LEAF_BITS, "a leaf's count fits below it");
 
 static inline struct sop__map_leaf *
 entry_leaf(uintptr_t e)
 {
-	return (struct sop__map_leaf *)e;
+	return (struct sop__map_leaf *)(e & ~MAP_LEAF_BITS);
+}
+
+static inline unsigned int
+entry_count(uintptr_t e)
+{
+	return e & MAP_LONE ? 1 : (unsigned int)((e & MAP_LEAF_BITS) / MAP_COUNT_ONE);
 }
 
 static inline struct sop__block *
@@ -148,24 +157,50 @@ block_addr_of_tag(const struct sop__block *b)
 }
 
 static size_t
-map_spans(const struct sop_pool *pool)
+map_bytes(const struct sop_pool *pool)
 {
-	return pool->va_size / MAP_SPAN;
+	return pool->va_size / MAP_SPAN * sizeof *pool->map_dir;
 }
+
+/* Directories of destroyed pools, all 0 again (a pool is destroyed with no segment left),
+ * kept for the next pools of the same size: in a fresh mapping every page a pool touches costs
+ * a page fault (4 to 5 us on the GPU machine, two of them in a pool's first allocation). */
+#define DIR_CACHE 4
+static pthread_mutex_t dir_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+	void *dir;
+	size_t bytes;
+} dir_cache[DIR_CACHE];
 
 bool
 sop__map_init(struct sop_pool *pool)
 {
-	size_t n = map_spans(pool);
-	/* 9 bytes per 64 KiB: up to 288 MiB for the largest reservation, of which the system
-	 * backs only the pages that segments use. */
-	void *dir = mmap(NULL, n * (sizeof *pool->map_dir + 1), PROT_READ | PROT_WRITE,
-			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	size_t bytes = map_bytes(pool);
+	void *dir = NULL;
+	int i;
 
-	if (dir == MAP_FAILED)
-		return false;
+	pthread_mutex_lock(&dir_cache_lock);
+	for (i = 0; i < DIR_CACHE && !dir; i++) {
+		if (dir_cache[i].dir && dir_cache[i].bytes == bytes) {
+			dir = dir_cache[i].dir;
+			dir_cache[i].dir = NULL;
+		}
+	}
+	pthread_mutex_unlock(&dir_cache_lock);
+	if (!dir) {
+		/* 8 bytes per 64 KiB: up to 256 MiB for the largest reservation, of which the
+		 * system backs only the pages that segments use. */
+		dir = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+			   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if (dir == MAP_FAILED)
+			return false;
+#ifdef MADV_NOHUGEPAGE
+		/* Small pages where transparent huge pages are the default: a pool's first
+		 * allocation touches two entries, and huge pages would zero 4 MiB for them. */
+		madvise(dir, bytes, MADV_NOHUGEPAGE);
+#endif
+	}
 	pool->map_dir = dir;
-	pool->map_used = (uint8_t *)(pool->map_dir + n);
 	return true;
 }
 
@@ -173,11 +208,24 @@ void
 sop__map_destroy(struct sop_pool *pool)
 {
 	struct sop__leaf_slab *s;
+	int i;
 
-	if (pool->map_dir)
-		munmap((void *)pool->map_dir, map_spans(pool) * (sizeof *pool->map_dir + 1));
+	if (pool->map_dir) {
+		void *dir = (void *)pool->map_dir;
+
+		pthread_mutex_lock(&dir_cache_lock);
+		for (i = 0; i < DIR_CACHE && dir; i++) {
+			if (!dir_cache[i].dir) {
+				dir_cache[i].dir = dir;
+				dir_cache[i].bytes = map_bytes(pool);
+				dir = NULL;
+			}
+		}
+		pthread_mutex_unlock(&dir_cache_lock);
+		if (dir)
+			munmap(dir, map_bytes(pool));
+	}
 	pool->map_dir = NULL;
-	pool->map_used = NULL;
 	while ((s = pool->leaf_slabs)) {
 		pool->leaf_slabs = s->next;
 		free(s);
@@ -219,15 +267,11 @@ sop__map_census(struct sop_pool *pool, const struct sop__segment *seg)
 		struct sop__map_leaf *leaf = entry_leaf(e);
 		unsigned int used = 0;
 
-		if (!e) {
-			if (pool->map_used[i])
-				return -1;
+		if (!e)
 			continue;
-		}
 		if (e & MAP_LONE) {
 			struct sop__block *b = entry_lone(e);
-			if (pool->map_used[i] != 1 || b->seg != seg ||
-			    (b->addr - pool->va_base) / MAP_SPAN != i)
+			if (b->seg != seg || (b->addr - pool->va_base) / MAP_SPAN != i)
 				return -1;
 			n++;
 			continue;
@@ -240,7 +284,7 @@ sop__map_census(struct sop_pool *pool, const struct sop__segment *seg)
 				return -1;
 			used++;
 		}
-		if (!used || used != pool->map_used[i])
+		if (!used || used != entry_count(e))
 			return -1;
 		n += used;
 	}
@@ -270,9 +314,10 @@ leaves_get(struct sop_pool *pool, struct sop__leaves *to, unsigned int need, uns
 			pool->leaf_spare = v;
 			pool->cap_leaf_spare = cap;
 		}
-		s = calloc(1, sizeof *s);
+		s = aligned_alloc(_Alignof(struct sop__leaf_slab), sizeof *s);
 		if (!s)
 			break;
+		memset(s, 0, sizeof *s);
 		s->next = pool->leaf_slabs;
 		pool->leaf_slabs = s;
 		pool->n_leaves += LEAF_SLAB;
@@ -317,7 +362,6 @@ map_add(struct sop_pool *pool, struct sop__leaves *spares, CUdeviceptr addr, str
 	uintptr_t e = atomic_load_explicit(&pool->map_dir[i], memory_order_relaxed);
 	struct sop__map_leaf *leaf;
 
-	pool->map_used[i]++;
 	if (!e) {
 		atomic_store_explicit(&pool->map_dir[i], (uintptr_t)b | MAP_LONE,
 				      memory_order_release);
@@ -330,10 +374,12 @@ map_add(struct sop_pool *pool, struct sop__leaves *spares, CUdeviceptr addr, str
 						  (MAP_LEAF - 1)],
 				      lone, memory_order_relaxed);
 		atomic_store_explicit(&leaf->slot[key & (MAP_LEAF - 1)], b, memory_order_relaxed);
-		atomic_store_explicit(&pool->map_dir[i], (uintptr_t)leaf, memory_order_release);
+		atomic_store_explicit(&pool->map_dir[i], (uintptr_t)leaf + 2 * MAP_COUNT_ONE,
+				      memory_order_release);
 		return;
 	}
 	atomic_store_explicit(&entry_leaf(e)->slot[key & (MAP_LEAF - 1)], b, memory_order_release);
+	atomic_store_explicit(&pool->map_dir[i], e + MAP_COUNT_ONE, memory_order_release);
 }
 
 /* Forget the block that starts at addr, in seg. A leaf left naming no block goes to seg's
@@ -347,13 +393,14 @@ map_remove(struct sop_pool *pool, struct sop__segment *seg, CUdeviceptr addr)
 	struct sop__map_leaf *leaf = entry_leaf(e);
 
 	if (e & MAP_LONE) {
-		pool->map_used[i] = 0;
 		atomic_store_explicit(&pool->map_dir[i], 0, memory_order_release);
 		return;
 	}
 	atomic_store_explicit(&leaf->slot[key & (MAP_LEAF - 1)], NULL, memory_order_release);
-	if (--pool->map_used[i])
+	if (entry_count(e) > 1) {
+		atomic_store_explicit(&pool->map_dir[i], e - MAP_COUNT_ONE, memory_order_release);
 		return;
+	}
 	atomic_store_explicit(&pool->map_dir[i], 0, memory_order_release);
 	if (seg->leaves.n == SOP_LEAVES_KEPT)
 		leaves_put(pool, &seg->leaves, LEAVES_FILL);
@@ -730,12 +777,8 @@ segment_new(struct sop_pool *pool, size_t size, size_t min, const struct sop__ss
 			return NULL;
 		}
 	}
-	seg->backing = calloc(size / pool->granularity, sizeof *seg->backing);
-	if (!seg->backing || !leaves_get(pool, &seg->leaves, 1, LEAVES_FILL) ||
-	    !(h = sop__block_new(pool))) {
-		leaves_put(pool, &seg->leaves, 0);
+	if (!(h = sop__block_new(pool))) {
 		va_give(pool, off, size);
-		free(seg->backing);
 		free(seg);
 		return NULL;
 	}
@@ -748,7 +791,9 @@ segment_new(struct sop_pool *pool, size_t size, size_t min, const struct sop__ss
 	h->size = size;
 	h->seg = seg;
 	atomic_store_explicit(&h->tag, sop__tag(h->addr, SOP_BLOCK_HOLE), memory_order_release);
-	map_add(pool, &seg->leaves, h->addr, h); /* not yet seen by others: no lock */
+	/* Not yet seen by others: no lock. The first span is the segment's alone and empty, so
+	 * the entry is a lone block and takes no leaf. */
+	map_add(pool, &seg->leaves, h->addr, h);
 	hole_link(pool, h);
 	segment_link(pool, seg);
 	return seg;
@@ -766,7 +811,7 @@ segment_drop(struct sop_pool *pool, struct sop__segment *seg)
 	sop__block_delete(pool, h);
 	segment_unlink(pool, seg);
 	va_give(pool, seg->va - pool->va_base, seg->size);
-	free(seg->backing);
+	free(seg->pieces);
 	free(seg);
 }
 
@@ -809,34 +854,62 @@ out:
 	return r;
 }
 
-static void
-piece_link(struct sop_pool *pool, struct sop__segment *seg, struct sop__piece *pc)
+/* Room in seg's array for one more piece, made before the piece is mapped so that linking it
+ * cannot fail. Pool lock held. */
+static bool
+pieces_reserve(struct sop__segment *seg)
 {
-	struct sop__piece **pp = &seg->pieces;
-	size_t i;
+	struct sop__piece **v;
+	size_t cap;
 
-	for (i = 0; i < pc->size / pool->granularity; i++)
-		seg->backing[(pc->va - seg->va) / pool->granularity + i] = pc;
+	if (seg->n_pieces < seg->cap_pieces)
+		return true;
+	cap = seg->cap_pieces ? 2 * seg->cap_pieces : 4;
+	v = realloc(seg->pieces, cap * sizeof *v);
+	if (!v)
+		return false;
+	seg->pieces = v;
+	seg->cap_pieces = cap;
+	return true;
+}
 
-	while (*pp && (*pp)->va < pc->va)
-		pp = &(*pp)->next;
-	pc->next = *pp;
-	*pp = pc;
+/* The index of seg's first piece at or after addr. */
+static size_t
+piece_search(const struct sop__segment *seg, CUdeviceptr addr)
+{
+	size_t lo = 0, hi = seg->n_pieces;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (seg->pieces[mid]->va < addr)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* Pool lock held, room reserved. */
+static void
+piece_link(struct sop__segment *seg, struct sop__piece *pc)
+{
+	size_t i = piece_search(seg, pc->va);
+
+	memmove(&seg->pieces[i + 1], &seg->pieces[i], (seg->n_pieces - i) * sizeof *seg->pieces);
+	seg->pieces[i] = pc;
+	seg->n_pieces++;
 	seg->mapped += pc->size;
 }
 
 static void
-piece_unlink(struct sop_pool *pool, struct sop__segment *seg, struct sop__piece *pc)
+piece_unlink(struct sop__segment *seg, struct sop__piece *pc)
 {
-	struct sop__piece **pp = &seg->pieces;
-	size_t i;
+	size_t i = piece_search(seg, pc->va);
 
-	for (i = 0; i < pc->size / pool->granularity; i++)
-		seg->backing[(pc->va - seg->va) / pool->granularity + i] = NULL;
-
-	while (*pp != pc)
-		pp = &(*pp)->next;
-	*pp = pc->next;
+	memmove(&seg->pieces[i], &seg->pieces[i + 1],
+		(seg->n_pieces - i - 1) * sizeof *seg->pieces);
+	seg->n_pieces--;
 	seg->mapped -= pc->size;
 }
 
@@ -1113,6 +1186,10 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 	}
 	h = pl.hole;
 	seg = h->seg;
+	if (!pieces_reserve(seg)) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+		goto fail;
+	}
 	r = sop__pool_ctx_push(pool);
 	if (r != CUDA_SUCCESS)
 		goto fail;
@@ -1142,7 +1219,7 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 		block_split(pool, b, d[k], pc->size, SOP_BLOCK_HOLE, &lv);
 		hole_link(pool, d[k++]);
 	}
-	piece_link(pool, seg, pc);
+	piece_link(seg, pc);
 	sop__lock_drop(&seg->lock);
 	leaves_put(pool, &lv, 0);
 	reserved_add(pool, pc->size);
@@ -1226,16 +1303,16 @@ idle_collect(struct sop_pool *pool, size_t *count, size_t *bytes)
 			sls &= sls - 1;
 			for (f = heap->head[fl][sl]; f; f = f->free_next) {
 				struct sop__segment *seg = f->seg;
-				CUdeviceptr end = f->addr + f->size, at;
-				struct sop__piece *pc;
+				CUdeviceptr end = f->addr + f->size;
+				size_t i;
 
-				/* Piece by piece through f (backed whole, being FREE), from
-				 * its first whole granule. */
-				at = seg->va + sop__round_up(f->addr - seg->va, pool->granularity);
-				for (; at < end; at = pc->va + pc->size) {
-					pc = seg->backing[(at - seg->va) / pool->granularity];
-					if (pc->va < f->addr || pc->va + pc->size > end)
-						continue;
+				/* The pieces that start inside f, while they end inside it. */
+				for (i = piece_search(seg, f->addr);
+				     i < seg->n_pieces &&
+				     seg->pieces[i]->va + seg->pieces[i]->size <= end;
+				     i++) {
+					struct sop__piece *pc = seg->pieces[i];
+
 					if (n == cap) {
 						struct idle *w;
 						cap = cap ? 2 * cap : 16;
@@ -1359,7 +1436,7 @@ piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc
 	}
 	*right = piece_unback(pool, f, pc, d, &lv);
 	leaves_put(pool, &lv, 0);
-	piece_unlink(pool, seg, pc);
+	piece_unlink(seg, pc);
 	atomic_store(&pool->reserved, atomic_load(&pool->reserved) - pc->size);
 	free(pc);
 	if (!seg->mapped)
@@ -1444,9 +1521,11 @@ sop__heap_set_access(struct sop_pool *pool, const CUmemAccessDesc *want,
 	struct sop__segment *seg;
 	struct sop__piece *pc, *failed = NULL;
 	CUresult r = CUDA_SUCCESS;
+	size_t i;
 
 	for (seg = pool->segments; seg && !failed; seg = seg->next) {
-		for (pc = seg->pieces; pc; pc = pc->next) {
+		for (i = 0; i < seg->n_pieces; i++) {
+			pc = seg->pieces[i];
 			r = SOP_DRV(cuMemSetAccess)(pc->va, pc->size, want, n);
 			if (r != CUDA_SUCCESS) {
 				failed = pc;
@@ -1456,7 +1535,8 @@ sop__heap_set_access(struct sop_pool *pool, const CUmemAccessDesc *want,
 	}
 	/* All or nothing: put back what changed before the failure. */
 	for (seg = pool->segments; failed && seg; seg = seg->next)
-		for (pc = seg->pieces; pc; pc = pc->next) {
+		for (i = 0; i < seg->n_pieces; i++) {
+			pc = seg->pieces[i];
 			if (pc == failed)
 				return r;
 			SOP_DRV(cuMemSetAccess)(pc->va, pc->size, was, n);

@@ -40,7 +40,7 @@
 #define SOP_VA_FACTOR 4
 /* Reservations are aligned to and sized in units of this, the registry's granule. */
 #define SOP_VA_GRANULE_LOG2 30
-/* At most 2 TiB of virtual addresses per pool: the block map's directory takes 9 bytes of host
+/* At most 2 TiB of virtual addresses per pool: the block map's directory takes 8 bytes of host
  * addresses per 64 KiB of them (backed only where segments are). */
 #define SOP_VA_MAX ((size_t)1 << 41)
 /* Slots per block-map leaf, as a power of two: a leaf covers 64 KiB of addresses (one span of
@@ -298,7 +298,6 @@ struct sop__piece {
 	CUdeviceptr va;
 	size_t size;
 	CUmemGenericAllocationHandle handle;
-	struct sop__piece *next; /* address order within the segment */
 };
 
 /* Spare block-map leaves (heap.c): at most this many on hand. */
@@ -326,8 +325,10 @@ struct sop__segment {
 	CUdeviceptr va;
 	size_t size;
 	size_t mapped; /* bytes of its pieces */
-	struct sop__piece *pieces;
-	struct sop__piece **backing; /* per granule of the range: the piece mapped there, or NULL */
+	/* Its pieces in address order (found by bisection: release looks for those inside each
+	 * FREE block). Pool lock. */
+	struct sop__piece **pieces;
+	size_t n_pieces, cap_pieces;
 	struct sop__block *first;
 	/* The stream whose memory it holds, compared only: the stream whose growth made it, or
 	 * the first to take memory from it once it was empty again. The slow path serves a
@@ -579,7 +580,6 @@ struct sop_pool {
 	CUdeviceptr va_base;
 	size_t va_size;
 	_Atomic(uintptr_t) *map_dir; /* the block map, an entry per 64 KiB (heap.c) */
-	uint8_t *map_used; /* blocks starting in each 64 KiB; segment locks */
 	atomic_int reuse_follow, reuse_opportunistic, reuse_internal;
 	SOP_PAD(pad0);
 

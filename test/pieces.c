@@ -45,12 +45,10 @@ static size_t
 n_pieces(sop_pool_t pool)
 {
 	struct sop__segment *seg;
-	struct sop__piece *pc;
 	size_t n = 0;
 
 	for (seg = pool->segments; seg; seg = seg->next)
-		for (pc = seg->pieces; pc; pc = pc->next)
-			n++;
+		n += seg->n_pieces;
 	return n;
 }
 
