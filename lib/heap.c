@@ -86,9 +86,9 @@ sop__block_delete(struct sop_pool *pool, struct sop__block *b)
 
 /* A directory with one entry per MAP_SPAN of the reservation. An entry is 0 (no block starts in
  * the span), the descriptor of the one block that does (tagged with the low bit), or a leaf of
- * slots, one per 512 bytes, with the count of blocks in its low bits. Blocks of
- * megabytes start a span or more apart: most spans hold one block, and a lookup of it costs
- * one load before the descriptor, which the caller reads anyway. A span that gains a second
+ * slots, one per 512 bytes, with the count of blocks in its low bits. Blocks of megabytes
+ * start a span or more apart: most spans hold one block, and a lookup of it costs one load
+ * before the descriptor, which the caller reads anyway. A span that gains a second
  * block gets a leaf, and keeps it until its last block is gone: only a leaf that names no
  * block is ever detached, which makes the lock-free reading below safe. Leaves thus follow
  * the blocks the pool has now, not every address it ever split at (random sizes spread split
