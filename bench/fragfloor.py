@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""The floor of the fragmentation workload: how little memory any placement of the kind sop
+uses could reserve for it, by release granularity.
+
+It replays sop-bench's fragmentation workload exactly (same splitmix64 sequence, seeds
+1000 + repetition, 512 slots, sizes 2^e + U[0, 2^e) for e in 0..26, live bytes capped, blocks
+rounded to 512 bytes) against an idealised allocator: address-ordered best fit with immediate
+coalescing, on an unbounded address space that grows at its end. It prints, per seed:
+
+  extent      highest address used / peak live bytes: best fit that never gives memory back
+  G MiB       a lower bound for best fit that gives back, at every moment, every aligned unit
+              of G bytes that no live block touches: the most units live blocks touch at once,
+              times G, over peak live (physical memory handed out in units of G)
+  split       blocks of at least 32 MiB on pieces of their own (rounded to 2 MiB), the others
+              placed by best fit and counted as in '32 MiB'
+
+Usage: python3 bench/fragfloor.py [--seeds N] [--cap-gib G]
+"""
+import argparse
+import bisect
+
+MASK = (1 << 64) - 1
+MiB = 1 << 20
+ALIGN = 512
+
+
+class SplitMix64:
+    def __init__(self, seed):
+        self.s = seed
+
+    def below(self, n):
+        self.s = (self.s + 0x9E3779B97F4A7C15) & MASK
+        z = self.s
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+        return (z ^ (z >> 31)) % n
+
+
+class BestFit:
+    """Address-ordered best fit with coalescing; grows at the end of the address space."""
+
+    def __init__(self):
+        self.free = []  # (addr, size), address order
+        self.top = 0
+
+    def alloc(self, n):
+        best = -1
+        for i, (a, s) in enumerate(self.free):
+            if s >= n and (best < 0 or s < self.free[best][1]):
+                best = i
+        if best < 0:
+            if self.free and sum(self.free[-1]) == self.top:
+                a, _ = self.free.pop()
+            else:
+                a = self.top
+            self.top = a + n
+            return a
+        a, s = self.free[best]
+        if s == n:
+            self.free.pop(best)
+        else:
+            self.free[best] = (a + n, s - n)
+        return a
+
+    def release(self, a, n):
+        i = bisect.bisect(self.free, (a, 0))
+        if i < len(self.free) and self.free[i][0] == a + n:
+            n += self.free[i][1]
+            self.free.pop(i)
+        if i > 0 and sum(self.free[i - 1]) == a:
+            a = self.free[i - 1][0]
+            n += self.free[i - 1][1]
+            self.free.pop(i - 1)
+            i -= 1
+        self.free.insert(i, (a, n))
+
+
+class Units:
+    """How many aligned units of g bytes live blocks touch."""
+
+    def __init__(self, g):
+        self.g = g
+        self.count = {}
+        self.touched = 0
+
+    def add(self, a, n, d):
+        for u in range(a // self.g, (a + n - 1) // self.g + 1):
+            c = self.count.get(u, 0)
+            if c == 0:
+                self.touched += 1
+            c += d
+            if c == 0:
+                self.touched -= 1
+                del self.count[u]
+            else:
+                self.count[u] = c
+
+
+def run(seed, cap, iters=200000, slots=512, big=32 * MiB):
+    rng = SplitMix64(seed)
+    live = [None] * slots
+    heap, small = BestFit(), BestFit()
+    u2, u32, usplit = Units(2 * MiB), Units(32 * MiB), Units(32 * MiB)
+    used = peak = high = high2 = high32 = highsplit = 0
+    big_bytes = 0
+    for _ in range(iters):
+        k = rng.below(slots)
+        if live[k]:
+            a, sa, n, req = live[k]
+            heap.release(a, n)
+            u2.add(a, n, -1)
+            u32.add(a, n, -1)
+            if sa is None:
+                big_bytes -= -(-n // (2 * MiB)) * 2 * MiB
+            else:
+                small.release(sa, n)
+                usplit.add(sa, n, -1)
+            used -= req
+            live[k] = None
+            continue
+        e = rng.below(27)
+        req = (1 << e) + rng.below(1 << e)
+        if used + req > cap:
+            continue
+        n = -(-req // ALIGN) * ALIGN
+        a = heap.alloc(n)
+        u2.add(a, n, 1)
+        u32.add(a, n, 1)
+        if req >= big:
+            sa = None
+            big_bytes += -(-n // (2 * MiB)) * 2 * MiB
+        else:
+            sa = small.alloc(n)
+            usplit.add(sa, n, 1)
+        live[k] = (a, sa, n, req)
+        used += req
+        peak = max(peak, used)
+        high = max(high, heap.top)
+        high2 = max(high2, u2.touched * 2 * MiB)
+        high32 = max(high32, u32.touched * 32 * MiB)
+        highsplit = max(highsplit, usplit.touched * 32 * MiB + big_bytes)
+    return [x / peak for x in (high, high32, high2, highsplit)], peak
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--cap-gib", type=float, default=8.0)
+    args = ap.parse_args()
+    cap = int(args.cap_gib * 1024) * MiB
+    print("seed  peak MiB  extent  32 MiB  2 MiB  split")
+    for r in range(args.seeds):
+        (ext, g32, g2, split), peak = run(1000 + r, cap)
+        print(f"{1000 + r}  {peak // MiB:8d}  {ext:6.3f}  {g32:6.3f}  {g2:5.3f}  {split:5.3f}")
+
+
+if __name__ == "__main__":
+    main()
