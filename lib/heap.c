@@ -291,6 +291,15 @@ sop__map_census(struct sop_pool *pool, const struct sop__segment *seg)
 	return n;
 }
 
+int
+sop__map_span(struct sop_pool *pool, CUdeviceptr addr, unsigned int *count)
+{
+	uintptr_t e = atomic_load(&pool->map_dir[(addr - pool->va_base) / MAP_SPAN]);
+
+	*count = e ? entry_count(e) : 0;
+	return !e ? 0 : e & MAP_LONE ? 1 : 2;
+}
+
 /* Bring to up to want spare leaves (at least need) from the pool's, making more if it has
  * none. False only for lack of host memory. */
 static bool

@@ -356,9 +356,15 @@ void sop__block_delete(struct sop_pool *pool, struct sop__block *b);
  * a slot is written under the lock of the segment that holds addr. A descriptor it returns
  * may be stale: only its tag says whether it is the block at addr in a given state. */
 struct sop__block *sop__map_get(struct sop_pool *pool, CUdeviceptr addr);
+/* The directory, at pool creation (false: no host memory) and teardown. */
 bool sop__map_init(struct sop_pool *pool);
 void sop__map_destroy(struct sop_pool *pool);
+/* For the consistency check: the blocks the map names in seg's range, or -1 if an entry names a
+ * block that does not start there or a leaf's count is wrong. Every lock held. */
 long sop__map_census(struct sop_pool *pool, const struct sop__segment *seg);
+/* For tests: how the span of addr is held (0 no block, 1 a lone block, 2 a leaf) and how many
+ * blocks start in it. */
+int sop__map_span(struct sop_pool *pool, CUdeviceptr addr, unsigned int *count);
 
 /* Take a segment's lock, noting whether anyone had to wait. */
 static inline void
