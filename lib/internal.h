@@ -531,6 +531,7 @@ struct sop__stream {
 	struct sop__probe probe[SOP_PROBES];
 	unsigned next_probe;
 	struct sop__clock deps;   /* what this stream's future work is ordered after */
+	atomic_uint n_deps;       /* deps.n, to read without the lock */
 	struct sop__stream *hash_next;
 };
 

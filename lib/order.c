@@ -260,6 +260,11 @@ deps_add(struct sop__clock *c, struct sop__stream *s, uint64_t epoch)
 void
 sop__stream_deps(struct sop__stream *t, struct sop__clock *out)
 {
+	/* Most streams never wait on an event: the slow path asks on every allocation. */
+	if (!atomic_load_explicit(&t->n_deps, memory_order_acquire)) {
+		out->n = 0;
+		return;
+	}
 	pthread_mutex_lock(&t->lock);
 	*out = t->deps;
 	pthread_mutex_unlock(&t->lock);
@@ -290,6 +295,7 @@ sop__stream_wait_for(struct sop__stream *t, CUstream t_handle, struct sop__strea
 		return r;
 	pthread_mutex_lock(&t->lock);
 	deps_add(&t->deps, s, covered);
+	atomic_store_explicit(&t->n_deps, t->deps.n, memory_order_release);
 	pthread_mutex_unlock(&t->lock);
 	return CUDA_SUCCESS;
 }
@@ -430,6 +436,7 @@ sop__event_wait(CUstream stream, CUevent ev, unsigned int flags)
 	for (i = 0; i < clock.n; i++)
 		if (clock.e[i].s != t)
 			deps_add(&t->deps, clock.e[i].s, clock.e[i].epoch);
+	atomic_store_explicit(&t->n_deps, t->deps.n, memory_order_release);
 	pthread_mutex_unlock(&t->lock);
 	return r;
 }
