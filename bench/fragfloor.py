@@ -13,6 +13,12 @@ coalescing, on an unbounded address space that grows at its end. It prints, per 
               times G, over peak live (physical memory handed out in units of G)
   split       blocks of at least 32 MiB on pieces of their own (rounded to 2 MiB), the others
               placed by best fit and counted as in '32 MiB'
+  growth      a pool like sop's: best fit over memory mapped in pieces at the end of the space
+              (at least 32 MiB, or what a request needs beyond the free block there), every
+              piece that free blocks cover whole given back at each growth; reserved memory
+              is the pieces mapped
+  split-gr.   the same with blocks of at least 32 MiB in a space of their own, whose pieces
+              are what they need (in 2 MiB units), the smaller blocks as in 'growth'
 
 Usage: python3 bench/fragfloor.py [--seeds N] [--cap-gib G]
 """
@@ -75,6 +81,53 @@ class BestFit:
         self.free.insert(i, (a, n))
 
 
+class Pieces:
+    """Best fit over memory mapped in pieces at the end of an address space: a request that
+    fits nowhere first gives back every piece that free blocks cover whole (its range leaves
+    the space), then maps what it needs beyond the free block at the end, at least step, in
+    units of unit."""
+
+    def __init__(self, step, unit):
+        self.bf = BestFit()
+        self.step = step
+        self.unit = unit
+        self.pieces = []  # (addr, size), address order
+        self.mapped = 0
+
+    def alloc(self, n):
+        if any(s >= n for _, s in self.bf.free):
+            return self.bf.alloc(n)
+        self.release_idle()
+        free = self.bf.free
+        tail = free[-1][1] if free and sum(free[-1]) == self.bf.top else 0
+        size = max(-(-(n - tail) // self.unit) * self.unit, self.step)
+        self.pieces.append((self.bf.top, size))
+        self.mapped += size
+        self.bf.release(self.bf.top, size)
+        self.bf.top += size
+        return self.bf.alloc(n)
+
+    def release(self, a, n):
+        self.bf.release(a, n)
+
+    def release_idle(self):
+        keep = []
+        for a, size in self.pieces:
+            free = self.bf.free
+            i = bisect.bisect(free, (a, 1 << 62)) - 1
+            if i >= 0 and free[i][0] <= a and sum(free[i]) >= a + size:
+                fa, fs = free.pop(i)
+                if fa < a:
+                    free.insert(i, (fa, a - fa))
+                    i += 1
+                if fa + fs > a + size:
+                    free.insert(i, (a + size, fa + fs - a - size))
+                self.mapped -= size
+            else:
+                keep.append((a, size))
+        self.pieces = keep
+
+
 class Units:
     """How many aligned units of g bytes live blocks touch."""
 
@@ -101,12 +154,16 @@ def run(seed, cap, iters=200000, slots=512, big=32 * MiB):
     live = [None] * slots
     heap, small = BestFit(), BestFit()
     u2, u32, usplit = Units(2 * MiB), Units(32 * MiB), Units(32 * MiB)
-    used = peak = high = high2 = high32 = highsplit = 0
+    one = Pieces(32 * MiB, 2 * MiB)
+    psmall, plarge = Pieces(32 * MiB, 2 * MiB), Pieces(2 * MiB, 2 * MiB)
+    used = peak = high = high2 = high32 = highsplit = highgr = highsgr = 0
     big_bytes = 0
     for _ in range(iters):
         k = rng.below(slots)
         if live[k]:
-            a, sa, n, req = live[k]
+            a, sa, n, req, oa, pa = live[k]
+            one.release(oa, n)
+            (plarge if req >= big else psmall).release(pa, n)
             heap.release(a, n)
             u2.add(a, n, -1)
             u32.add(a, n, -1)
@@ -132,14 +189,18 @@ def run(seed, cap, iters=200000, slots=512, big=32 * MiB):
         else:
             sa = small.alloc(n)
             usplit.add(sa, n, 1)
-        live[k] = (a, sa, n, req)
+        oa = one.alloc(n)
+        pa = (plarge if req >= big else psmall).alloc(n)
+        live[k] = (a, sa, n, req, oa, pa)
         used += req
         peak = max(peak, used)
         high = max(high, heap.top)
         high2 = max(high2, u2.touched * 2 * MiB)
         high32 = max(high32, u32.touched * 32 * MiB)
         highsplit = max(highsplit, usplit.touched * 32 * MiB + big_bytes)
-    return [x / peak for x in (high, high32, high2, highsplit)], peak
+        highgr = max(highgr, one.mapped)
+        highsgr = max(highsgr, psmall.mapped + plarge.mapped)
+    return [x / peak for x in (high, high32, high2, highsplit, highgr, highsgr)], peak
 
 
 def main():
@@ -148,10 +209,11 @@ def main():
     ap.add_argument("--cap-gib", type=float, default=8.0)
     args = ap.parse_args()
     cap = int(args.cap_gib * 1024) * MiB
-    print("seed  peak MiB  extent  32 MiB  2 MiB  split")
+    print("seed  peak MiB  extent  32 MiB  2 MiB  split  growth  split-gr.")
     for r in range(args.seeds):
-        (ext, g32, g2, split), peak = run(1000 + r, cap)
-        print(f"{1000 + r}  {peak // MiB:8d}  {ext:6.3f}  {g32:6.3f}  {g2:5.3f}  {split:5.3f}")
+        (ext, g32, g2, split, gr, sgr), peak = run(1000 + r, cap)
+        print(f"{1000 + r}  {peak // MiB:8d}  {ext:6.3f}  {g32:6.3f}  {g2:5.3f}  {split:5.3f}"
+              f"  {gr:6.3f}  {sgr:9.3f}")
 
 
 if __name__ == "__main__":
