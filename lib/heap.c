@@ -64,6 +64,10 @@ sop__block_new(struct sop_pool *pool)
 		return NULL;
 	b = pool->spare;
 	pool->spare = b->free_next;
+	/* Spares are a list through cold descriptors: fetch the next one's line now, so that the
+	 * next call does not stall on it. */
+	if (pool->spare)
+		__builtin_prefetch(pool->spare, 1);
 	b->free_next = b->free_prev = NULL;
 	sop__link_set(&b->phys_prev, NULL);
 	b->phys_next = NULL;
@@ -359,6 +363,21 @@ segment_lock_leaves(struct sop_pool *pool, struct sop__segment *seg, unsigned in
 	return false;
 }
 
+/* Whether a block from addr to end is the only one that starts in addr's span, known from
+ * the block before it, which starts at prev: in an earlier span, so that nothing starts in
+ * this one before addr, and with the block reaching the span's end, so that nothing starts in
+ * it after. Then the span's entry names the block alone, and a split or a merge writes the
+ * entry without reading it: with large blocks the entries they touch are far apart and their
+ * lines long out of the cache. */
+static inline bool
+span_alone(const struct sop_pool *pool, CUdeviceptr prev, CUdeviceptr addr, CUdeviceptr end)
+{
+	size_t i = (addr - pool->va_base) / MAP_SPAN;
+
+	return (prev - pool->va_base) / MAP_SPAN != i &&
+	       end - pool->va_base >= (i + 1) * MAP_SPAN;
+}
+
 /* Note b, a block that starts at addr where none did. A span's second block brings a leaf,
  * from spares, which the caller has made sure holds one for each block it may add. A slot is
  * known to be empty, so it is only written: in a leaf just attached its line is cold, and the
@@ -435,7 +454,11 @@ block_split(struct sop_pool *pool, struct sop__block *b, struct sop__block *rest
 	b->phys_next = rest;
 	b->size = size;
 	atomic_store_explicit(&rest->tag, sop__tag(rest->addr, state), memory_order_release);
-	map_add(pool, spares, rest->addr, rest);
+	if (span_alone(pool, b->addr, rest->addr, rest->addr + rest->size))
+		atomic_store_explicit(&pool->map_dir[(rest->addr - pool->va_base) / MAP_SPAN],
+				      (uintptr_t)rest | MAP_LONE, memory_order_release);
+	else
+		map_add(pool, spares, rest->addr, rest);
 }
 
 void
@@ -482,6 +505,8 @@ sop__block_carve_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 		return false;
 	sop__bins_remove(&ss->cache, b);
 	ss->spare = rest->free_next;
+	if (ss->spare)
+		__builtin_prefetch(ss->spare, 1);
 	ss->n_spare--;
 	rest->free_next = NULL;
 	block_split(pool, b, rest, size, SOP_BLOCK_CACHED, &b->seg->leaves);
@@ -496,11 +521,15 @@ sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__
 {
 	struct sop__block *n = b->phys_next;
 
+	if (span_alone(pool, b->addr, n->addr, n->addr + n->size))
+		atomic_store_explicit(&pool->map_dir[(n->addr - pool->va_base) / MAP_SPAN], 0,
+				      memory_order_release);
+	else
+		map_remove(pool, b->seg, n->addr);
 	b->size += n->size;
 	b->phys_next = n->phys_next;
 	if (n->phys_next)
 		sop__link_set(&n->phys_next->phys_prev, b);
-	map_remove(pool, b->seg, n->addr);
 	atomic_store_explicit(&n->tag, sop__tag(0, SOP_BLOCK_DEAD), memory_order_release);
 	sop__block_set_owner(n, NULL);
 	n->free_next = *spare;
