@@ -463,7 +463,7 @@ block_split(struct sop_pool *pool, struct sop__block *b, struct sop__block *rest
 
 void
 sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size,
-		 struct sop__sstream *from)
+		 struct sop__sstream *from, bool from_held)
 {
 	struct sop__block *rest;
 	enum sop__state state = sop__block_state(b);
@@ -482,10 +482,12 @@ sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size,
 	block_split(pool, b, rest, size, state, &b->seg->leaves);
 	sop__lock_drop(&b->seg->lock);
 	if (state == SOP_BLOCK_CACHED) {
-		sop__lock_take(&from->lock);
+		if (!from_held)
+			sop__lock_take(&from->lock);
 		sop__block_set_owner(rest, from);
 		sop__bins_insert(&from->cache, rest);
-		sop__lock_drop(&from->lock);
+		if (!from_held)
+			sop__lock_drop(&from->lock);
 	} else {
 		sop__bins_insert(&pool->heap, rest);
 	}

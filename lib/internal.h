@@ -376,9 +376,9 @@ sop__segment_lock(struct sop__segment *seg)
 
 /* Take size bytes (a multiple of SOP_ALIGN) out of a free or cached block b that has been
  * removed from its bins; the remainder goes back where b came from: the heap if b is FREE,
- * else the cache of from. Pool lock held. */
+ * else the cache of from, whose lock the caller holds if from_held. Pool lock held. */
 void sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size,
-		      struct sop__sstream *from);
+		      struct sop__sstream *from, bool from_held);
 /* The same on a block in ss's cache, with the stream's lock held instead of the pool's: takes
  * b out of the cache and splits it, with a descriptor from the stream's spares. False, and b
  * left in the cache, if there is no spare descriptor or no host memory for the map. */

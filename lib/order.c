@@ -131,9 +131,12 @@ void
 sop__stream_after_free(struct sop__stream *st, CUstream handle, uint64_t seq, bool pressure)
 {
 	uint64_t newest = atomic_load_explicit(&st->newest, memory_order_relaxed);
-	unsigned since = atomic_fetch_add_explicit(&st->frees_since, 1, memory_order_relaxed) + 1;
+	/* A load and a store, not an atomic add: frees racing on one stream may lose a count,
+	 * which only puts off a probe, and a locked add stalled every free on its line. */
+	unsigned since = atomic_load_explicit(&st->frees_since, memory_order_relaxed) + 1;
 	bool due;
 
+	atomic_store_explicit(&st->frees_since, since, memory_order_relaxed);
 	if (newest >= seq)
 		return; /* a probe recorded since covers this free */
 	/* Also when the newest probe is known complete and the stream has been marked since (a

@@ -769,25 +769,34 @@ heap_pick(struct sop_pool *pool, struct sop__sstream *ss, size_t size, bool *cro
 /* The smaller of the best fits in the stream's cache and in the heap (heap_pick), taken out of
  * its bins; *from says which (NULL: the heap). Pool lock held. */
 static struct sop__block *
-best_take(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__sstream **from,
-	  bool *crowded)
+best_take_locked(struct sop_pool *pool, struct sop__sstream *ss, size_t size,
+		 struct sop__sstream **from, bool *crowded)
 {
 	struct sop__block *mine, *any = heap_pick(pool, ss, size, crowded);
 
-	sop__lock_take(&ss->lock);
 	mine = sop__bins_find(&ss->cache, size);
 	if (mine && (!any || mine->size <= any->size)) {
 		cache_remove(ss, mine);
-		sop__lock_drop(&ss->lock);
 		*from = ss;
 		*crowded = false;
 		return mine;
 	}
-	sop__lock_drop(&ss->lock);
 	if (any)
 		sop__bins_remove(&pool->heap, any);
 	*from = NULL;
 	return any;
+}
+
+static struct sop__block *
+best_take(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__sstream **from,
+	  bool *crowded)
+{
+	struct sop__block *b;
+
+	sop__lock_take(&ss->lock);
+	b = best_take_locked(pool, ss, size, from, crowded);
+	sop__lock_drop(&ss->lock);
+	return b;
 }
 
 static CUresult
@@ -802,8 +811,10 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 	pthread_mutex_lock(&pool->lock);
 	sop__lock_take(&ss->lock);
 	stale = ss->id != id;
-	if (!stale)
+	if (!stale) {
 		sop__spares_balance(pool, ss);
+		b = best_take_locked(pool, ss, size, &from, &crowded);
+	}
 	sop__lock_drop(&ss->lock);
 	if (stale) {
 		pthread_mutex_unlock(&pool->lock);
@@ -818,7 +829,6 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 	 * frees that probes have seen complete go to the heap, where they merge with their free
 	 * neighbours and whole segments become free to reshape; this stream's own, and, with the
 	 * opportunistic policy, other streams'. */
-	b = best_take(pool, ss, size, &from, &crowded);
 	if (!b || (b->size > close_limit(size) && size >= POLL_MIN)) {
 		size_t close = b ? size : 0;
 
@@ -891,8 +901,15 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 	if (!b && r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reuse_internal))
 		b = take_with_wait(pool, ss, stream, size, &from);
 	if (b) {
-		sop__block_carve(pool, b, size, from);
-		sop__lock_take(&ss->lock); /* the used-memory shard */
+		/* Under ss's lock (the used-memory shard), which the carve also needs if b was
+		 * ss's; another stream's lock is never taken while holding it. */
+		if (from && from != ss) {
+			sop__block_carve(pool, b, size, from, false);
+			sop__lock_take(&ss->lock);
+		} else {
+			sop__lock_take(&ss->lock);
+			sop__block_carve(pool, b, size, from, true);
+		}
 		block_hand_out(ss, b, req, ptr);
 		sop__lock_drop(&ss->lock);
 		r = CUDA_SUCCESS;
