@@ -697,6 +697,25 @@ own_flush(struct sop__sstream *ss)
 	}
 }
 
+/* Whether learning what has completed may turn up a closer fit for a request of close bytes
+ * than the loose one in hand: this stream's probes have news, or, with the opportunistic
+ * policy, flush_observed would ask another stream. Otherwise the fit in hand is kept, not put
+ * back and looked for again. Pool lock held. */
+static bool
+worth_asking(struct sop_pool *pool, struct sop__sstream *ss, size_t close)
+{
+	struct sop__sstream *o;
+
+	if (sop__stream_poll(ss->st) > ss->flushed)
+		return true;
+	if (!atomic_load(&pool->reuse_opportunistic) || sop__now_ns() < pool->loose_poll_ns)
+		return false;
+	for (o = pool->streams; o; o = o->next)
+		if (o != ss && sop__sstream_cached(o) && cache_has_close(o, close))
+			return true;
+	return false;
+}
+
 /* Return a block best_take took, unused, to the bins it came from. Pool lock held. */
 static void
 put_back(struct sop_pool *pool, struct sop__block *b, struct sop__sstream *from)
@@ -829,7 +848,8 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 	 * frees that probes have seen complete go to the heap, where they merge with their free
 	 * neighbours and whole segments become free to reshape; this stream's own, and, with the
 	 * opportunistic policy, other streams'. */
-	if (!b || (b->size > close_limit(size) && size >= POLL_MIN)) {
+	if (!b ||
+	    (b->size > close_limit(size) && size >= POLL_MIN && worth_asking(pool, ss, size))) {
 		size_t close = b ? size : 0;
 
 		if (b)
