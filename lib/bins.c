@@ -57,7 +57,7 @@ sop__bins_insert(struct sop__bins *bins, struct sop__block *b)
 	}
 	bins->sl_bitmap[fl] |= 1u << sl;
 	bins->n_blocks++;
-	bins->n_bytes += b->size;
+	__atomic_store_n(&bins->n_bytes, bins->n_bytes + b->size, __ATOMIC_RELAXED);
 }
 
 void
@@ -82,7 +82,7 @@ sop__bins_remove(struct sop__bins *bins, struct sop__block *b)
 	}
 	b->free_prev = b->free_next = NULL;
 	bins->n_blocks--;
-	bins->n_bytes -= b->size;
+	__atomic_store_n(&bins->n_bytes, bins->n_bytes - b->size, __ATOMIC_RELAXED);
 }
 
 /* The head of the first non-empty list at or after (fl, sl), or NULL. */

@@ -489,6 +489,7 @@ sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size,
 		if (!from_held)
 			sop__lock_drop(&from->lock);
 	} else {
+		sop__block_set_owner(rest, sop__block_owner(b));
 		sop__bins_insert(&pool->heap, rest);
 	}
 }
@@ -575,36 +576,88 @@ mergeable(struct sop__block *b, size_t size, struct sop__sstream *ss)
 	       b->size != size;
 }
 
+/* Whether b is FREE memory that came from ss's own cache, which a block ss frees next to it
+ * takes back. Exact with the pool and segment locks held; a peek without them. */
+static inline bool
+reclaimable(struct sop__block *b, struct sop__sstream *ss)
+{
+	return b && sop__block_state(b) == SOP_BLOCK_FREE && sop__block_owner(b) == ss;
+}
+
+/* Take the pool lock if ss may take back FREE memory next to a block it frees: only while one
+ * thread uses the pool (trying the lock, never waiting for it, out of order under ss's) and no
+ * other stream holds cached memory. Joined to the cached block, that memory is pending on ss
+ * until ss's frees are seen complete: another stream that came for it would grow the pool
+ * instead. Apart, the FREE memory and the stream's cached blocks are two sets of pieces, and a
+ * request that fits neither alone splits a large one or grows (replaying a training step, a
+ * 512 MiB block found the previous step's cut up by the next forward pass's activations). */
+static bool
+reclaim_begin(struct sop_pool *pool, struct sop__sstream *ss)
+{
+	struct sop__sstream *o;
+
+	if (atomic_load_explicit(&pool->threads_met, memory_order_relaxed) ||
+	    pthread_mutex_trylock(&pool->lock))
+		return false;
+	for (o = pool->streams; o; o = o->next) {
+		if (o != ss && sop__bins_bytes(&o->cache)) {
+			pthread_mutex_unlock(&pool->lock);
+			return false;
+		}
+	}
+	return true;
+}
+
 struct sop__block *
 sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b)
 {
-	struct sop__block *p, *n;
+	struct sop__block *p = sop__link_peek(&b->phys_prev), *n = sop__link_peek(&b->phys_next);
 	struct sop__segment *seg = b->seg;
+	bool reclaim = (reclaimable(n, ss) || reclaimable(p, ss)) && reclaim_begin(pool, ss);
 
 	/* A look without the segment lock first, so that a free with nothing to merge (the common
 	 * case when streams share a segment) touches no shared line. It is exact: only ss's lock
 	 * holder makes a block cached on ss or changes b's next link, and a prev link that another
 	 * thread rewrites points at a block not cached on ss before and after. */
-	if (!mergeable(sop__link_peek(&b->phys_next), b->size, ss) &&
-	    !mergeable(sop__link_peek(&b->phys_prev), b->size, ss))
+	if (!reclaim && !mergeable(n, b->size, ss) && !mergeable(p, b->size, ss))
 		return b;
 	sop__segment_lock(seg);
-	while (mergeable((n = b->phys_next), b->size, ss)) {
-		sop__bins_remove(&ss->cache, n);
-		if (n->seq > b->seq)
-			b->seq = n->seq;
+	for (;;) {
+		n = b->phys_next;
+		if (reclaim && reclaimable(n, ss)) {
+			sop__bins_remove(&pool->heap, n);
+		} else if (mergeable(n, b->size, ss)) {
+			sop__bins_remove(&ss->cache, n);
+			if (n->seq > b->seq)
+				b->seq = n->seq;
+		} else {
+			break;
+		}
 		sop__block_absorb_next(pool, b, &ss->spare);
 		ss->n_spare++;
 	}
-	while (mergeable((p = b->phys_prev), b->size, ss)) {
-		sop__bins_remove(&ss->cache, p);
-		if (b->seq > p->seq)
+	for (;;) {
+		p = b->phys_prev;
+		if (reclaim && reclaimable(p, ss)) {
+			/* Cached on ss from here on, with b's pending work. */
+			sop__bins_remove(&pool->heap, p);
 			p->seq = b->seq;
+			atomic_store_explicit(&p->tag, sop__tag(p->addr, SOP_BLOCK_CACHED),
+					      memory_order_release);
+		} else if (mergeable(p, b->size, ss)) {
+			sop__bins_remove(&ss->cache, p);
+			if (b->seq > p->seq)
+				p->seq = b->seq;
+		} else {
+			break;
+		}
 		sop__block_absorb_next(pool, p, &ss->spare);
 		ss->n_spare++;
 		b = p;
 	}
 	sop__lock_drop(&seg->lock);
+	if (reclaim)
+		pthread_mutex_unlock(&pool->lock);
 	if (ss->n_spare > SPARES_HIGH)
 		spares_shed(pool, ss);
 	return b;
@@ -649,7 +702,6 @@ sop__heap_put(struct sop_pool *pool, struct sop__block *b)
 	struct sop__segment *seg = b->seg;
 	struct sop__block *p, *n;
 
-	sop__block_set_owner(b, NULL);
 	b->req = 0;
 	b->seq = 0;
 	sop__segment_lock(seg);
@@ -657,10 +709,14 @@ sop__heap_put(struct sop_pool *pool, struct sop__block *b)
 	n = b->phys_next;
 	if (n && sop__block_state(n) == SOP_BLOCK_FREE) {
 		sop__bins_remove(&pool->heap, n);
+		if (sop__block_owner(n) != sop__block_owner(b))
+			sop__block_set_owner(b, NULL);
 		sop__block_absorb_next(pool, b, &pool->spare);
 	}
 	if (p && sop__block_state(p) == SOP_BLOCK_FREE) {
 		sop__bins_remove(&pool->heap, p);
+		if (sop__block_owner(p) != sop__block_owner(b))
+			sop__block_set_owner(p, NULL);
 		sop__block_absorb_next(pool, p, &pool->spare);
 		b = p;
 	}

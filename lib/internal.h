@@ -198,8 +198,15 @@ struct sop__bins {
 	uint32_t sl_bitmap[SOP_FL_COUNT];
 	struct sop__block *head[SOP_FL_COUNT][SOP_SL_COUNT];
 	size_t n_blocks;
-	size_t n_bytes;
+	size_t n_bytes; /* stored atomically, for sop__bins_bytes */
 };
+
+/* The bytes in bins whose lock the caller does not hold: a hint. */
+static inline size_t
+sop__bins_bytes(struct sop__bins *bins)
+{
+	return __atomic_load_n(&bins->n_bytes, __ATOMIC_RELAXED);
+}
 
 void sop__bins_insert(struct sop__bins *bins, struct sop__block *b);
 /* The first block, in the order sop__bins_find would try them, that fits size bytes and that
@@ -241,8 +248,11 @@ struct sop__block {
 	/* State and address in one word, so that a free can claim a block with one compare-and-swap
 	 * that fails for a stale, reused or already freed descriptor. */
 	_Alignas(64) _Atomic uint64_t tag;
-	/* CACHED: the stream it is pending on. Written under that stream's lock, read by other
-	 * streams' coalescing under theirs: atomic, relaxed (they only compare it to themselves). */
+	/* CACHED: the stream it is pending on. FREE: the stream from whose cache it came to the
+	 * heap, or NULL (new memory, or joined from several streams' frees), which may take it
+	 * back (sop__block_merge_own). Written under that stream's lock or the pool's, read by
+	 * other streams' coalescing under theirs: atomic, relaxed (they only compare it to
+	 * themselves, and only once the state says which meaning it has). */
 	_Atomic(struct sop__sstream *) owner;
 	size_t size;     /* multiple of SOP_ALIGN */
 	uint64_t seq;    /* CACHED: the stream's epoch at the free */
@@ -396,7 +406,8 @@ void sop__spares_return(struct sop_pool *pool, struct sop__sstream *ss);
  * to *spare. Segment lock held. */
 void sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__block **spare);
 /* Return a block to the heap as FREE, merging with FREE neighbours; returns the merged block.
- * Pool lock held. */
+ * Its owner stays as the stream whose cache it leaves (or NULL), and is NULL once joined with
+ * another stream's. Pool lock held. */
 struct sop__block *sop__heap_put(struct sop_pool *pool, struct sop__block *b);
 /* Map physical memory for a block of at least size bytes and take it (*out): next to free
  * memory (FREE, or cached on ss) if that maps less, else in a hole of a segment of ss's own or

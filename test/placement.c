@@ -206,6 +206,80 @@ affinity(CUstream s1, CUstream s2)
 	}
 }
 
+/* The block starting at p: its state and size. */
+static enum sop__state
+block_at(sop_pool_t pool, void *p, size_t *size)
+{
+	struct sop__block *b = sop__map_get(pool, (CUdeviceptr)(uintptr_t)p);
+
+	TH_ASSERT(b != NULL);
+	if (!b)
+		return SOP_BLOCK_DEAD;
+	*size = b->size;
+	return sop__block_state(b);
+}
+
+/* Free memory that came to the heap from a stream's own cache rejoins the stream's cache when
+ * the stream frees next to it, so that its free memory stays in few blocks. New memory stays
+ * in the heap, and so does all of it while another stream holds cached memory (which may want
+ * it) or once threads have met in the pool. */
+static void
+reclaim(CUstream s, CUstream s2)
+{
+	cuuint64_t keep = UINT64_MAX;
+	sop_pool_t pool = th_pool(0, 0);
+	void *a, *b, *c, *z;
+	size_t n = 0;
+	int pass;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	for (pass = 0; pass < 3; pass++) {
+		/* One 32 MiB step: a, b and c, then 8 MiB of new memory. */
+		TH_OK(sop_malloc_from_pool_async(&a, 8 * MiB, pool, s));
+		TH_OK(sop_malloc_from_pool_async(&b, 8 * MiB, pool, s));
+		TH_OK(sop_malloc_from_pool_async(&c, 8 * MiB, pool, s));
+		TH_EQ((char *)b - (char *)a, (long)(8 * MiB));
+		TH_EQ((char *)c - (char *)b, (long)(8 * MiB));
+		TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 32 * MiB);
+		if (pass == 1) {
+			/* s2 holds cached memory (pending behind nothing, but not known so). */
+			TH_OK(sop_malloc_from_pool_async(&z, 4 * KiB, pool, s2));
+			TH_OK(sop_free_async(z, s2));
+		}
+		if (pass == 2)
+			atomic_store(&pool->threads_met, true);
+		TH_OK(sop_free_async(a, s));
+		TH_OK(sop_stream_synchronize(s)); /* a is the heap's, from s's cache */
+		TH_EQ(block_at(pool, a, &n), SOP_BLOCK_FREE);
+		TH_EQ(n, 8 * MiB);
+		TH_OK(sop_free_async(b, s));
+		if (pass == 0) {
+			/* b took a back: one cached block of 16 MiB. */
+			TH_EQ(block_at(pool, a, &n), SOP_BLOCK_CACHED);
+			TH_EQ(n, 16 * MiB);
+			TH_ASSERT(!sop__map_get(pool, (CUdeviceptr)(uintptr_t)b));
+		} else {
+			TH_EQ(block_at(pool, a, &n), SOP_BLOCK_FREE);
+			TH_EQ(n, 8 * MiB);
+			TH_EQ(block_at(pool, b, &n), SOP_BLOCK_CACHED);
+			TH_EQ(n, 8 * MiB);
+		}
+		/* The new memory after c (where z went in pass 1) is nobody's: c joins its cached
+		 * neighbour, not it. */
+		TH_OK(sop_free_async(c, s));
+		if (pass != 1) {
+			TH_EQ(block_at(pool, (char *)c + 8 * MiB, &n), SOP_BLOCK_FREE);
+			TH_EQ(n, 8 * MiB);
+		}
+		TH_CHECK(pool);
+		TH_OK(sop_stream_synchronize(s));
+		TH_OK(sop_stream_synchronize(s2));
+		TH_CHECK(pool);
+		atomic_store(&pool->threads_met, false);
+	}
+	TH_OK(sop_pool_destroy(pool));
+}
+
 int
 main(void)
 {
@@ -225,6 +299,7 @@ main(void)
 	{
 		CUstream s2 = th_stream();
 		affinity(s, s2);
+		reclaim(s, s2);
 		th_stream_destroy(s2);
 	}
 	th_stream_destroy(s);
