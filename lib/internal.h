@@ -632,6 +632,9 @@ struct sop_pool {
 	/* Growth failed (maxSize or the device): probe every free, for internal dependencies.
 	 * Cleared at synchronization points. */
 	atomic_bool pressure;
+	/* Frees of large blocks still to be covered by a probe at once (cover_at_once), since a
+	 * stream grew the pool while another held enough memory not known complete. */
+	atomic_uint starved;
 	/* Some thread has waited for a segment's lock: streams of this pool run on several threads
 	 * at once, and the slow path keeps each one's memory in segments of its own. Until then it
 	 * places by best fit alone. */

@@ -510,6 +510,51 @@ pool_pressed(struct sop_pool *pool)
 	       (pool->max_size && reserved + pool->granularity > pool->max_size);
 }
 
+/* On the slow path, requests of at least this size ask what has completed before carving a
+ * loose fit: for them reusing a block just freed beats splitting a large free range. Smaller
+ * ones carve without asking, unless nothing fits at all. Frees of at least this size may be
+ * covered by a probe at once (cover_at_once). */
+#define POLL_MIN ((size_t)2 << 20)
+
+/* After a stream had to grow the pool while another held enough memory whose frees were not
+ * known complete, the next STARVED_COVER frees of large blocks get a probe at once each, so
+ * that a stream short of memory can learn that they completed (flush_observed) rather than
+ * grow the pool again (replaying a training step on three streams, the loader's next batch
+ * found the compute stream's frees uncovered for want of a probe). A stream that keeps
+ * starving others keeps them covered; one that never does again stops paying for the probes.
+ * A small free waits for the next probe, which costs about as much as it does. */
+#define STARVED_COVER 256
+
+static inline bool
+cover_at_once(struct sop_pool *pool, size_t freed)
+{
+	unsigned left;
+
+	if (freed < POLL_MIN)
+		return false;
+	left = atomic_load_explicit(&pool->starved, memory_order_relaxed);
+	if (!left)
+		return false;
+	/* Racing frees may cover a few more than that: not worth a locked instruction. */
+	atomic_store_explicit(&pool->starved, left - 1, memory_order_relaxed);
+	return true;
+}
+
+/* Before growing for size bytes: if another stream holds that much memory not known complete,
+ * cover the next frees of large blocks. Pool lock held. */
+static void
+note_starved(struct sop_pool *pool, struct sop__sstream *ss, size_t size)
+{
+	struct sop__sstream *o;
+
+	for (o = pool->streams; o; o = o->next) {
+		if (o != ss && sop__bins_bytes(&o->cache) >= size) {
+			atomic_store_explicit(&pool->starved, STARVED_COVER, memory_order_relaxed);
+			return;
+		}
+	}
+}
+
 /* A block cached on o of at least size bytes whose free is covered by epoch (seq <= epoch;
  * UINT64_MAX: any), looking at no more than a bounded number of candidates. Both locks held. */
 #define CROSS_PROBES 32
@@ -679,11 +724,6 @@ take_with_wait(struct sop_pool *pool, struct sop__sstream *ss, CUstream stream, 
 	}
 	return NULL;
 }
-
-/* On the slow path, requests of at least this size ask what has completed before carving a
- * loose fit: for them reusing a block just freed beats splitting a large free range. Smaller
- * ones carve without asking, unless nothing fits at all. */
-#define POLL_MIN ((size_t)2 << 20)
 
 /* Flush what the stream's probes have newly seen complete. Pool lock held. */
 static void
@@ -905,6 +945,7 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 	/* 4. More physical memory, next to free memory where that maps less, in place of idle
 	 * pieces too small or too scattered to serve the request. */
 	if (!b) {
+		note_starved(pool, ss, size);
 		r = sop__heap_grow(pool, ss, size, &b, &from);
 		if (r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reserved)) {
 			/* 5. Idle pieces given back to make room for one that fits. */
@@ -1010,7 +1051,7 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 	struct sop__stream *st;
 	uint64_t seq;
 	CUresult r;
-	bool hoard;
+	bool hoard, cover;
 	int tries;
 
 	if (!b || atomic_load_explicit(&b->tag, memory_order_acquire) != alloc_tag)
@@ -1040,6 +1081,7 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 			seq = atomic_load(&ss->st->epoch);
 			b->seq = seq;
 			ss->last_seq = seq;
+			cover = cover_at_once(pool, b->size);
 			/* Joined at once with the stream's pieces around it: the stream's own
 			 * memory stays in few large blocks, as in any heap that merges on free. */
 			b = sop__block_merge_own(pool, ss, b);
@@ -1056,7 +1098,7 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 				      (atomic_load_explicit(&pool->reuse_opportunistic,
 							    memory_order_relaxed) ||
 				       atomic_load_explicit(&pool->reuse_internal, memory_order_relaxed))))
-				sop__stream_after_free(st, stream, seq, pool_pressed(pool));
+				sop__stream_after_free(st, stream, seq, cover || pool_pressed(pool));
 			return CUDA_SUCCESS;
 		}
 		sop__lock_drop(&ss->lock);

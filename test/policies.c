@@ -345,6 +345,39 @@ scenario_l(void)
 	done(pool);
 }
 
+/* M: a stream that had to grow the pool while another held enough memory not known complete
+ * gets it next time: that stream's frees of large blocks are covered by probes at once for a
+ * while, so that once its work has finished (nobody synchronizes) the first stream takes them
+ * instead of growing again. */
+static void
+scenario_m(void)
+{
+	sop_pool_t pool = fresh(0, 1, 1, 1);
+	struct th_gate g;
+	void *a, *b, *c, *d, *e;
+
+	th_gate_init(&g);
+	th_gate_block(&g, s1);
+	/* Two 32 MiB steps, both taken whole: s1's a and c, then s2's b and e. */
+	TH_OK(sop_malloc_from_pool_async(&a, 8 * MiB, pool, s1));
+	TH_OK(sop_malloc_from_pool_async(&c, 24 * MiB, pool, s1));
+	TH_OK(sop_free_async(a, s1));
+	TH_OK(sop_malloc_from_pool_async(&b, 8 * MiB, pool, s2)); /* a is pending: grows */
+	TH_ASSERT(b != a);
+	TH_OK(sop_malloc_from_pool_async(&e, 24 * MiB, pool, s2));
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 64 * MiB);
+	TH_OK(sop_free_async(c, s1));
+	th_gate_open(&g);
+	drain_quietly(s1);
+	TH_OK(sop_malloc_from_pool_async(&d, 24 * MiB, pool, s2));
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 64 * MiB);
+	TH_ASSERT((char *)d >= (char *)a && (char *)d < (char *)a + 32 * MiB);
+	TH_OK(sop_free_async(d, s2));
+	TH_OK(sop_free_async(e, s2));
+	TH_OK(sop_free_async(b, s2));
+	done(pool);
+}
+
 int
 main(void)
 {
@@ -371,6 +404,7 @@ main(void)
 		scenario_g(how);
 	scenario_k();
 	scenario_l();
+	scenario_m();
 	th_stream_destroy(s1);
 	th_stream_destroy(s2);
 	th_stream_destroy(s3);
