@@ -25,11 +25,20 @@
 
 #define SLAB_BLOCKS 256
 
+/* A pool's first slabs are small (16, then 64 descriptors), so that its first allocation
+ * zeroes a page of fresh host memory rather than eight: each first touch of a page is a fault
+ * that costs microseconds, and eight of them were half of sop's own time in that allocation. */
+static size_t
+slab_blocks(const struct sop_pool *pool)
+{
+	return pool->n_slabs >= 2 ? SLAB_BLOCKS : SLAB_BLOCKS >> (4 - 2 * pool->n_slabs);
+}
+
 static bool
 slab_add(struct sop_pool *pool)
 {
+	size_t i, n = slab_blocks(pool);
 	struct sop__block *slab;
-	size_t i;
 
 	if (pool->n_slabs == pool->cap_slabs) {
 		size_t cap = pool->cap_slabs ? pool->cap_slabs * 2 : 8;
@@ -39,12 +48,12 @@ slab_add(struct sop_pool *pool)
 		pool->slabs = slabs;
 		pool->cap_slabs = cap;
 	}
-	slab = aligned_alloc(_Alignof(struct sop__block), SLAB_BLOCKS * sizeof *slab);
+	slab = aligned_alloc(_Alignof(struct sop__block), n * sizeof *slab);
 	if (!slab)
 		return false;
-	memset(slab, 0, SLAB_BLOCKS * sizeof *slab);
+	memset(slab, 0, n * sizeof *slab);
 	pool->slabs[pool->n_slabs++] = slab;
-	for (i = 0; i < SLAB_BLOCKS; i++) {
+	for (i = 0; i < n; i++) {
 		slab[i].free_next = pool->spare;
 		pool->spare = &slab[i];
 	}
@@ -114,7 +123,7 @@ sop__block_delete(struct sop_pool *pool, struct sop__block *b)
 #define MAP_LEAF ((size_t)1 << SOP_MAP_LEAF_LOG2)
 #define MAP_SPAN (SOP_ALIGN << SOP_MAP_LEAF_LOG2)
 #define LEAVES_FILL (SOP_LEAVES_KEPT / 4) /* a segment refills its spares to this many */
-#define LEAF_SLAB 16 /* leaves per host allocation */
+#define LEAF_SLAB 16 /* leaves per host allocation (the first few fewer: leaves_get) */
 
 typedef _Atomic(struct sop__block *) map_slot;
 
@@ -123,9 +132,10 @@ struct sop__map_leaf {
 	_Alignas(1024) map_slot slot[MAP_LEAF];
 };
 
+/* A slab is n leaves followed by this, on a leaf's alignment: freed with the pool. */
 struct sop__leaf_slab {
-	struct sop__map_leaf leaf[LEAF_SLAB];
 	struct sop__leaf_slab *next;
+	void *mem; /* the allocation: the leaves start there */
 };
 
 #define MAP_LONE ((uintptr_t)1)
@@ -232,7 +242,7 @@ sop__map_destroy(struct sop_pool *pool)
 	pool->map_dir = NULL;
 	while ((s = pool->leaf_slabs)) {
 		pool->leaf_slabs = s->next;
-		free(s);
+		free(s->mem);
 	}
 	free(pool->leaf_spare);
 	pool->leaf_spare = NULL;
@@ -311,15 +321,19 @@ leaves_get(struct sop_pool *pool, struct sop__leaves *to, unsigned int need, uns
 {
 	sop__lock_take(&pool->leaf_lock);
 	while (to->n < want) {
+		/* As many leaves as the pool has (2 at first), up to LEAF_SLAB: a pool's first
+		 * growth then zeroes 2 KiB, not 16 (page faults; see slab_blocks). */
+		size_t i, n = pool->n_leaves < 2 ? 2 : pool->n_leaves < LEAF_SLAB ? pool->n_leaves
+										   : LEAF_SLAB;
+		struct sop__map_leaf *leaf;
 		struct sop__leaf_slab *s;
-		size_t i;
 
 		if (pool->n_leaf_spare) {
 			to->v[to->n++] = pool->leaf_spare[--pool->n_leaf_spare];
 			continue;
 		}
 		/* Room for every leaf made, so that leaves_put cannot fail. */
-		if (pool->cap_leaf_spare < pool->n_leaves + LEAF_SLAB) {
+		if (pool->cap_leaf_spare < pool->n_leaves + n) {
 			size_t cap = pool->cap_leaf_spare * 2 + LEAF_SLAB;
 			struct sop__map_leaf **v = realloc(pool->leaf_spare, cap * sizeof *v);
 			if (!v)
@@ -327,15 +341,17 @@ leaves_get(struct sop_pool *pool, struct sop__leaves *to, unsigned int need, uns
 			pool->leaf_spare = v;
 			pool->cap_leaf_spare = cap;
 		}
-		s = aligned_alloc(_Alignof(struct sop__leaf_slab), sizeof *s);
-		if (!s)
+		leaf = aligned_alloc(_Alignof(struct sop__map_leaf), (n + 1) * sizeof *leaf);
+		if (!leaf)
 			break;
-		memset(s, 0, sizeof *s);
+		memset(leaf, 0, n * sizeof *leaf);
+		s = (struct sop__leaf_slab *)&leaf[n];
+		s->mem = leaf;
 		s->next = pool->leaf_slabs;
 		pool->leaf_slabs = s;
-		pool->n_leaves += LEAF_SLAB;
-		for (i = 0; i < LEAF_SLAB; i++)
-			pool->leaf_spare[pool->n_leaf_spare++] = &s->leaf[i];
+		pool->n_leaves += n;
+		for (i = 0; i < n; i++)
+			pool->leaf_spare[pool->n_leaf_spare++] = &leaf[i];
 	}
 	sop__lock_drop(&pool->leaf_lock);
 	return to->n >= need;
