@@ -601,12 +601,15 @@ reclaimable(struct sop__block *b, struct sop__sstream *ss)
 }
 
 /* Take the pool lock if ss may take back FREE memory next to a block it frees: only while one
- * thread uses the pool (trying the lock, never waiting for it, out of order under ss's) and no
- * other stream holds cached memory. Joined to the cached block, that memory is pending on ss
- * until ss's frees are seen complete: another stream that came for it would grow the pool
- * instead. Apart, the FREE memory and the stream's cached blocks are two sets of pieces, and a
- * request that fits neither alone splits a large one or grows (replaying a training step, a
- * 512 MiB block found the previous step's cut up by the next forward pass's activations). */
+ * thread uses the pool (trying the lock, never waiting for it, out of order under ss's), ss is
+ * the stream that last took memory from the heap, and no other stream holds cached memory.
+ * Joined to the cached block, that memory is pending on ss until ss's frees are seen complete:
+ * another stream that came for it would grow the pool instead (a stream that only allocates,
+ * handing its blocks to one that frees them, grew without end when the freeing stream took
+ * back what its probes had returned). Apart, the FREE memory and the stream's cached blocks
+ * are two sets of pieces, and a request that fits neither alone splits a large one or grows
+ * (replaying a training step, a 512 MiB block found the previous step's cut up by the next
+ * forward pass's activations). */
 static bool
 reclaim_begin(struct sop_pool *pool, struct sop__sstream *ss)
 {
@@ -615,13 +618,15 @@ reclaim_begin(struct sop_pool *pool, struct sop__sstream *ss)
 	if (atomic_load_explicit(&pool->threads_met, memory_order_relaxed) ||
 	    pthread_mutex_trylock(&pool->lock))
 		return false;
-	for (o = pool->streams; o; o = o->next) {
-		if (o != ss && sop__bins_bytes(&o->cache)) {
-			pthread_mutex_unlock(&pool->lock);
-			return false;
-		}
-	}
+	if (pool->heap_user != ss)
+		goto no;
+	for (o = pool->streams; o; o = o->next)
+		if (o != ss && sop__bins_bytes(&o->cache))
+			goto no;
 	return true;
+no:
+	pthread_mutex_unlock(&pool->lock);
+	return false;
 }
 
 struct sop__block *

@@ -962,6 +962,8 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 	if (!b && r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reuse_internal))
 		b = take_with_wait(pool, ss, stream, size, &from);
 	if (b) {
+		if (!from)
+			pool->heap_user = ss;
 		/* Under ss's lock (the used-memory shard), which the carve also needs if b was
 		 * ss's; another stream's lock is never taken while holding it. */
 		if (from && from != ss) {

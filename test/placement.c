@@ -222,18 +222,19 @@ block_at(sop_pool_t pool, void *p, size_t *size)
 /* Free memory that came to the heap from a stream's own cache rejoins the stream's cache when
  * the stream frees next to it, so that its free memory stays in few blocks. New memory stays
  * in the heap, and so does all of it while another stream holds cached memory (which may want
- * it) or once threads have met in the pool. */
+ * it), when another stream took memory from the heap last (a stream that allocates what
+ * another frees would find the heap empty and grow), or once threads have met in the pool. */
 static void
 reclaim(CUstream s, CUstream s2)
 {
 	cuuint64_t keep = UINT64_MAX;
 	sop_pool_t pool = th_pool(0, 0);
-	void *a, *b, *c, *z;
+	void *a, *b, *c, *z = NULL;
 	size_t n = 0;
 	int pass;
 
 	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
-	for (pass = 0; pass < 3; pass++) {
+	for (pass = 0; pass < 4; pass++) {
 		/* One 32 MiB step: a, b and c, then 8 MiB of new memory. */
 		TH_OK(sop_malloc_from_pool_async(&a, 8 * MiB, pool, s));
 		TH_OK(sop_malloc_from_pool_async(&b, 8 * MiB, pool, s));
@@ -248,6 +249,8 @@ reclaim(CUstream s, CUstream s2)
 		}
 		if (pass == 2)
 			atomic_store(&pool->threads_met, true);
+		if (pass == 3) /* s2 takes heap memory, and keeps it */
+			TH_OK(sop_malloc_from_pool_async(&z, 4 * KiB, pool, s2));
 		TH_OK(sop_free_async(a, s));
 		TH_OK(sop_stream_synchronize(s)); /* a is the heap's, from s's cache */
 		TH_EQ(block_at(pool, a, &n), SOP_BLOCK_FREE);
@@ -267,10 +270,12 @@ reclaim(CUstream s, CUstream s2)
 		/* The new memory after c (where z went in pass 1) is nobody's: c joins its cached
 		 * neighbour, not it. */
 		TH_OK(sop_free_async(c, s));
-		if (pass != 1) {
+		if (pass != 1 && pass != 3) {
 			TH_EQ(block_at(pool, (char *)c + 8 * MiB, &n), SOP_BLOCK_FREE);
 			TH_EQ(n, 8 * MiB);
 		}
+		if (pass == 3)
+			TH_OK(sop_free_async(z, s2));
 		TH_CHECK(pool);
 		TH_OK(sop_stream_synchronize(s));
 		TH_OK(sop_stream_synchronize(s2));
