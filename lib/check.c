@@ -57,7 +57,7 @@ out:
 int
 sop__pool_check(struct sop_pool *pool)
 {
-	size_t reserved = 0, n_free = 0, n_cached = 0, n_cached_streams = 0;
+	size_t reserved = 0, n_free = 0, n_cached = 0, n_cached_streams = 0, leaves = 0;
 	uint64_t used = 0;
 	size_t n_holes = 0;
 	struct sop__segment *seg, *prev_seg = NULL;
@@ -149,8 +149,11 @@ sop__pool_check(struct sop_pool *pool)
 		}
 		CHECK(end == seg->va + seg->size);
 		/* The map holds these blocks and nothing else in the segment's range. */
-		CHECK(sop__map_census(pool, seg) == n_blocks);
+		CHECK(sop__map_census(pool, seg, &leaves) == n_blocks);
+		leaves += seg->leaves.n;
 	}
+	/* Every leaf made is attached, or a segment's spare, or the pool's: none is lost. */
+	CHECK(leaves + sop__map_spare_leaves(pool) == pool->n_leaves);
 	for (b = pool->holes; b; b = b->free_next)
 		n_holes--;
 	CHECK(n_holes == 0);

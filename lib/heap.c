@@ -271,7 +271,7 @@ sop__map_get(struct sop_pool *pool, CUdeviceptr addr)
 }
 
 long
-sop__map_census(struct sop_pool *pool, const struct sop__segment *seg)
+sop__map_census(struct sop_pool *pool, const struct sop__segment *seg, size_t *leaves)
 {
 	size_t i, k, first = (seg->va - pool->va_base) / MAP_SPAN;
 	long n = 0;
@@ -301,7 +301,19 @@ sop__map_census(struct sop_pool *pool, const struct sop__segment *seg)
 		if (!used || used != entry_count(e))
 			return -1;
 		n += used;
+		++*leaves;
 	}
+	return n;
+}
+
+size_t
+sop__map_spare_leaves(struct sop_pool *pool)
+{
+	size_t n;
+
+	sop__lock_take(&pool->leaf_lock);
+	n = pool->n_leaf_spare;
+	sop__lock_drop(&pool->leaf_lock);
 	return n;
 }
 
@@ -382,9 +394,10 @@ segment_lock_leaves(struct sop_pool *pool, struct sop__segment *seg, unsigned in
 /* Whether a block from addr to end is the only one that starts in addr's span, known from
  * the block before it, which starts at prev: in an earlier span, so that nothing starts in
  * this one before addr, and with the block reaching the span's end, so that nothing starts in
- * it after. Then the span's entry names the block alone, and a split or a merge writes the
- * entry without reading it: with large blocks the entries they touch are far apart and their
- * lines long out of the cache. */
+ * it after. Then a split that makes the block finds the span's entry empty, and writes it
+ * without reading it: with large blocks the entries splits touch are far apart and their
+ * lines long out of the cache. (A merge that removes such a block must read the entry: a
+ * span's last block may still be in the leaf its second one brought.) */
 static inline bool
 span_alone(const struct sop_pool *pool, CUdeviceptr prev, CUdeviceptr addr, CUdeviceptr end)
 {
@@ -540,11 +553,7 @@ sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__
 {
 	struct sop__block *n = b->phys_next;
 
-	if (span_alone(pool, b->addr, n->addr, n->addr + n->size))
-		atomic_store_explicit(&pool->map_dir[(n->addr - pool->va_base) / MAP_SPAN], 0,
-				      memory_order_release);
-	else
-		map_remove(pool, b->seg, n->addr);
+	map_remove(pool, b->seg, n->addr);
 	b->size += n->size;
 	b->phys_next = n->phys_next;
 	if (n->phys_next)

@@ -370,8 +370,11 @@ struct sop__block *sop__map_get(struct sop_pool *pool, CUdeviceptr addr);
 bool sop__map_init(struct sop_pool *pool);
 void sop__map_destroy(struct sop_pool *pool);
 /* For the consistency check: the blocks the map names in seg's range, or -1 if an entry names a
- * block that does not start there or a leaf's count is wrong. Every lock held. */
-long sop__map_census(struct sop_pool *pool, const struct sop__segment *seg);
+ * block that does not start there or a leaf's count is wrong; adds the leaves attached there to
+ * *leaves. Every lock held. */
+long sop__map_census(struct sop_pool *pool, const struct sop__segment *seg, size_t *leaves);
+/* The pool's spare leaves (each segment keeps some more). */
+size_t sop__map_spare_leaves(struct sop_pool *pool);
 /* For tests: how the span of addr is held (0 no block, 1 a lone block, 2 a leaf) and how many
  * blocks start in it. */
 int sop__map_span(struct sop_pool *pool, CUdeviceptr addr, unsigned int *count);
