@@ -5,6 +5,8 @@
  * synchronization path must then agree with it.) The driver on an H100 hands a destroyed
  * stream's handle to the next stream at once; the simulated driver does sometimes, so the test
  * creates streams until one lands on the old handle, and skips if none does. */
+#include <unistd.h>
+
 #include "helpers.h"
 
 #define MiB ((size_t)1 << 20)
@@ -25,6 +27,9 @@ main(void)
 	TH_OK(sop_stream_synchronize(s1)); /* the thread now knows s1's handle */
 	th_stream_destroy(s1);
 	for (tries = 0; tries < 10000; tries++) {
+		/* The simulated driver frees a destroyed stream once its worker has exited: give
+		 * it the moment, so that the next stream can land where it was. */
+		usleep(200);
 		s2 = th_stream();
 		if (s2 == s1)
 			break;
