@@ -629,8 +629,8 @@ struct sop_pool {
 	uint64_t used_high; /* pool lock; see sop__pool_used */
 	uint64_t loose_poll_ns; /* pool lock; see flush_observed */
 	/* The stream that last took memory from the heap, which sop__block_merge_own lets no
-	 * other stream hold back. */
-	struct sop__sstream *heap_user;
+	 * other stream hold back. Written under the pool lock; peeked at by frees. */
+	_Atomic(struct sop__sstream *) heap_user;
 	SOP_PAD(pad1);
 
 	/* Read by every free, written when growth fails, at synchronization points, and when the

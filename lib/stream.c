@@ -963,7 +963,7 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 		b = take_with_wait(pool, ss, stream, size, &from);
 	if (b) {
 		if (!from)
-			pool->heap_user = ss;
+			atomic_store_explicit(&pool->heap_user, ss, memory_order_relaxed);
 		/* Under ss's lock (the used-memory shard), which the carve also needs if b was
 		 * ss's; another stream's lock is never taken while holding it. */
 		if (from && from != ss) {
