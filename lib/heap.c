@@ -622,21 +622,15 @@ reclaimable(struct sop__block *b, struct sop__sstream *ss)
 static bool
 reclaim_begin(struct sop_pool *pool, struct sop__sstream *ss)
 {
-	struct sop__sstream *o;
-
 	/* A look first, so that the free of a stream that may not take back (say, one freeing
 	 * what another allocates) does not try the lock each time; then again under it. */
 	if (atomic_load_explicit(&pool->threads_met, memory_order_relaxed) ||
 	    atomic_load_explicit(&pool->heap_user, memory_order_relaxed) != ss ||
 	    pthread_mutex_trylock(&pool->lock))
 		return false;
-	if (atomic_load_explicit(&pool->heap_user, memory_order_relaxed) != ss)
-		goto no;
-	for (o = pool->streams; o; o = o->next)
-		if (o != ss && sop__bins_bytes(&o->cache))
-			goto no;
-	return true;
-no:
+	if (atomic_load_explicit(&pool->heap_user, memory_order_relaxed) == ss &&
+	    !sop__others_cache(pool, ss, 1))
+		return true;
 	pthread_mutex_unlock(&pool->lock);
 	return false;
 }

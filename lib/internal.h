@@ -661,6 +661,19 @@ struct sop_pool {
 	struct sop_pool *next; /* registry list */
 };
 
+/* Whether a stream of pool other than ss holds at least bytes in its cache: a hint, read
+ * without their locks. Pool lock held (the list of streams). */
+static inline bool
+sop__others_cache(struct sop_pool *pool, const struct sop__sstream *ss, size_t bytes)
+{
+	struct sop__sstream *o;
+
+	for (o = pool->streams; o; o = o->next)
+		if (o != ss && sop__bins_bytes(&o->cache) >= bytes)
+			return true;
+	return false;
+}
+
 /* Used memory is counted per stream state (struct sop__sstream), never in one shared counter:
  * the hot path of each stream touches only its own cache lines. */
 static inline int64_t

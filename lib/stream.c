@@ -545,14 +545,8 @@ cover_at_once(struct sop_pool *pool, size_t freed)
 static void
 note_starved(struct sop_pool *pool, struct sop__sstream *ss, size_t size)
 {
-	struct sop__sstream *o;
-
-	for (o = pool->streams; o; o = o->next) {
-		if (o != ss && sop__bins_bytes(&o->cache) >= size) {
-			atomic_store_explicit(&pool->starved, STARVED_COVER, memory_order_relaxed);
-			return;
-		}
-	}
+	if (sop__others_cache(pool, ss, size))
+		atomic_store_explicit(&pool->starved, STARVED_COVER, memory_order_relaxed);
 }
 
 /* A block cached on o of at least size bytes whose free is covered by epoch (seq <= epoch;
@@ -662,6 +656,13 @@ cache_has_close(struct sop__sstream *o, size_t size)
  * kernels run), asking every time delays every stream's next launch (sixteen streams of 64 MiB
  * blocks ran at 1.07 of the ideal wall time with every request asking, 1.01 with none). Pool
  * lock held. Returns true if anything moved. */
+/* Whether flush_observed, for ss and close (0: no fit at all), asks o. Pool lock held. */
+static bool
+asks(struct sop__sstream *ss, struct sop__sstream *o, size_t close)
+{
+	return o != ss && sop__sstream_cached(o) && (!close || cache_has_close(o, close));
+}
+
 static bool
 flush_observed(struct sop_pool *pool, struct sop__sstream *ss, size_t close)
 {
@@ -678,9 +679,7 @@ flush_observed(struct sop_pool *pool, struct sop__sstream *ss, size_t close)
 	for (o = pool->streams; o; o = o->next) {
 		uint64_t done;
 
-		if (o == ss || !sop__sstream_cached(o))
-			continue;
-		if (close && (asked == CLOSE_POLLS || !cache_has_close(o, close)))
+		if ((close && asked == CLOSE_POLLS) || !asks(ss, o, close))
 			continue;
 		asked++;
 		done = sop__stream_poll(o->st);
@@ -751,7 +750,7 @@ worth_asking(struct sop_pool *pool, struct sop__sstream *ss, size_t close)
 	if (!atomic_load(&pool->reuse_opportunistic) || sop__now_ns() < pool->loose_poll_ns)
 		return false;
 	for (o = pool->streams; o; o = o->next)
-		if (o != ss && sop__sstream_cached(o) && cache_has_close(o, close))
+		if (asks(ss, o, close))
 			return true;
 	return false;
 }
