@@ -31,7 +31,7 @@ struct phys {
 	struct phys *next;	/* all live physical allocations, for import */
 	int fd;
 	size_t size;
-	int device;
+	int device;		/* -1: host memory */
 	unsigned handle_types;	/* CUmemAllocationHandleType bits */
 	bool accounted;		/* counted against its device (created here) */
 	dev_t st_dev;		/* identity of the memfd, to recognise imports */
@@ -202,7 +202,9 @@ static CUresult check_prop(const CUmemAllocationProp *prop)
 
 	if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (!prop_location_ok(&prop->location, &rc))
+	/* Host memory, as drivers since CUDA 12.2 make it: counted against no device. */
+	if (prop->location.type != CU_MEM_LOCATION_TYPE_HOST &&
+	    !prop_location_ok(&prop->location, &rc))
 		return rc;
 	if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE &&
 	    prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
@@ -284,15 +286,20 @@ static struct phys *phys_new(int fd, size_t size, int device, unsigned types, bo
 	return p;
 }
 
-/* Physical memory on `device`; the memfd's name records the device for importers. */
+/* Physical memory on `device` (-1: the host); the memfd's name records the device for
+ * importers. */
 static CUresult phys_create(size_t size, int device, unsigned types, struct phys **out)
 {
 	char name[32];
 	int fd;
 
-	if (device_used[device] + size > sim_cfg.memory || device_used[device] + size < size)
+	if (device >= 0 &&
+	    (device_used[device] + size > sim_cfg.memory || device_used[device] + size < size))
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	snprintf(name, sizeof(name), "sop-sim-dev%d", device);
+	if (device >= 0)
+		snprintf(name, sizeof(name), "sop-sim-dev%d", device);
+	else
+		snprintf(name, sizeof(name), "sop-sim-host");
 	fd = memfd_create(name, MFD_CLOEXEC);
 	if (fd < 0)
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -300,7 +307,7 @@ static CUresult phys_create(size_t size, int device, unsigned types, struct phys
 		close(fd);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	*out = phys_new(fd, size, device, types, true);
+	*out = phys_new(fd, size, device, types, device >= 0);
 	if (!*out) {
 		close(fd);
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -426,7 +433,9 @@ SIM_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, si
 	if (size == 0 || size % sim_cfg.granularity != 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&vmm_lock);
-	rc = phys_create(size, prop->location.id, (unsigned)prop->requestedHandleTypes, &p);
+	rc = phys_create(size,
+			 prop->location.type == CU_MEM_LOCATION_TYPE_HOST ? -1 : prop->location.id,
+			 (unsigned)prop->requestedHandleTypes, &p);
 	if (rc == CUDA_SUCCESS) {
 		h = handle_new(p);
 		if (h) {
@@ -754,8 +763,9 @@ cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
 		memset(prop, 0, sizeof(*prop));
 		prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
 		prop->requestedHandleTypes = (CUmemAllocationHandleType)h->phys->handle_types;
-		prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-		prop->location.id = h->phys->device;
+		prop->location.type = h->phys->device < 0 ? CU_MEM_LOCATION_TYPE_HOST
+							  : CU_MEM_LOCATION_TYPE_DEVICE;
+		prop->location.id = h->phys->device < 0 ? 0 : h->phys->device;
 		rc = CUDA_SUCCESS;
 	}
 	pthread_mutex_unlock(&vmm_lock);
