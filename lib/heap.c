@@ -1582,6 +1582,70 @@ orphans_release(struct sop_pool *pool)
 	return r;
 }
 
+/* A pool that empties and grows again, as one with release threshold 0 does at every
+ * synchronization, pays the driver for page tables each time: with nothing mapped in the
+ * 512 MiB around an address, the driver frees the tables that covered it at the unmap and
+ * makes them again at the next map, and a 32 MiB map, use and release costs a third more on the
+ * H100 (65-72 us against 92-111). So before its first release that leaves the pool with no
+ * memory, it maps a granule of host memory, read-only and never handed out, at the start of its
+ * reservation, where growth puts the first segment: the tables there stay. Host memory, so that
+ * the device loses nothing; without it (a driver that cannot map host memory), no anchor.
+ * Context current, pool lock held. */
+static void
+anchor_make(struct sop_pool *pool)
+{
+	CUmemAllocationProp prop = {0};
+	CUmemAccessDesc desc = {0};
+	CUmemGenericAllocationHandle h;
+	size_t gran = 0;
+
+	pool->anchor_tried = true;
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
+	if (SOP_DRV(cuMemGetAllocationGranularity)(&gran, &prop,
+						   CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
+	    !gran || pool->granularity % gran)
+		return;
+	if (SOP_DRV(cuMemCreate)(&h, pool->granularity, &prop, 0) != CUDA_SUCCESS)
+		return;
+	if (SOP_DRV(cuMemMap)(pool->va_base, pool->granularity, 0, h, 0) != CUDA_SUCCESS) {
+		SOP_DRV(cuMemRelease)(h);
+		return;
+	}
+	desc.location = pool->props.location;
+	desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+	if (SOP_DRV(cuMemSetAccess)(pool->va_base, pool->granularity, &desc, 1) != CUDA_SUCCESS) {
+		SOP_DRV(cuMemUnmap)(pool->va_base, pool->granularity);
+		SOP_DRV(cuMemRelease)(h);
+		return;
+	}
+	pool->anchor = h;
+	pool->anchored = true;
+}
+
+CUresult
+sop__heap_anchor_drop(struct sop_pool *pool)
+{
+	CUresult r;
+
+	if (!pool->anchored)
+		return CUDA_SUCCESS;
+	r = SOP_DRV(cuMemUnmap)(pool->va_base, pool->granularity);
+	if (r != CUDA_SUCCESS)
+		return r;
+	pool->anchored = false;
+	r = SOP_DRV(cuMemRelease)(pool->anchor);
+	if (r != CUDA_SUCCESS) {
+		CUmemGenericAllocationHandle *o =
+			realloc(pool->orphans, (pool->n_orphans + 1) * sizeof *o);
+		if (o) {
+			o[pool->n_orphans++] = pool->anchor;
+			pool->orphans = o;
+		}
+	}
+	return r;
+}
+
 /* Release idle pieces, largest first, while reserved > target, keeping reserved >= floor; only
  * if they add up to at_least bytes. */
 static CUresult
@@ -1616,6 +1680,8 @@ release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_least
 		return r;
 	}
 	r = orphans_release(pool);
+	if (picked && !reserved && !pool->anchor_tried && !atomic_load(&pool->destroyed))
+		anchor_make(pool);
 	/* In address order, so that a FREE block holding several is walked once: each release
 	 * leaves the rest of it in the block after the piece. */
 	if (picked)

@@ -429,6 +429,8 @@ CUresult sop__heap_set_access(struct sop_pool *pool, const CUmemAccessDesc *want
 			      const CUmemAccessDesc *was, size_t n);
 /* Free the host side of a pool whose segments have all been released. */
 void sop__heap_destroy(struct sop_pool *pool);
+/* Unmap and release the anchor, if any. Context current, pool lock held. */
+CUresult sop__heap_anchor_drop(struct sop_pool *pool);
 
 /* ---- stream.c ---------------------------------------------------------------------------- */
 
@@ -614,6 +616,10 @@ struct sop_pool {
 	 * next release, so that a transient failure leaks nothing. */
 	CUmemGenericAllocationHandle *orphans;
 	size_t n_orphans;
+	/* Host memory mapped at va_base from the first release that left the pool empty, so that
+	 * the driver keeps the page tables there (heap.c, anchor_make). */
+	CUmemGenericAllocationHandle anchor;
+	bool anchored, anchor_tried;
 	struct sop__bins heap;
 
 	struct sop__block *spare; /* descriptors not in use */

@@ -96,8 +96,9 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **ou
 	sop__pool_ctx_pop(pool);
 	if (r != CUDA_SUCCESS)
 		goto fail_ctx;
-	pool->va_free->off = 0;
-	pool->va_free->size = pool->va_size;
+	/* The first granule is kept for the anchor (heap.c, anchor_make). */
+	pool->va_free->off = pool->granularity;
+	pool->va_free->size = pool->va_size - pool->granularity;
 	if (!sop__map_init(pool)) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto fail_va;
@@ -180,7 +181,9 @@ sop__pool_reap(struct sop_pool *pool)
 		r = sop__pool_ctx_push(pool);
 		if (r != CUDA_SUCCESS)
 			return false;
-		r = SOP_DRV(cuMemAddressFree)(pool->va_base, pool->va_size);
+		r = sop__heap_anchor_drop(pool);
+		if (r == CUDA_SUCCESS)
+			r = SOP_DRV(cuMemAddressFree)(pool->va_base, pool->va_size);
 		sop__pool_ctx_pop(pool);
 		if (r != CUDA_SUCCESS)
 			return false;

@@ -207,10 +207,47 @@ check_sync(void *arg, CUresult r)
 	live_same(__LINE__);
 }
 
+/* ---- The anchor ------------------------------------------------------------------------- */
+
+/* A fresh pool each time: the anchor is tried once, at the first release that empties it. */
+static void
+prep_anchor(void *arg)
+{
+	struct grow_arg *g = arg;
+	void *p;
+
+	g->pool = th_pool(0, 0);
+	TH_OK(sop_malloc_from_pool_async(&p, 3 * MiB, g->pool, g->s));
+	TH_OK(sop_free(p));
+}
+
+static CUresult
+op_anchor(void *arg)
+{
+	struct grow_arg *g = arg;
+
+	return sop_trim_to(g->pool, 0);
+}
+
+static void
+check_anchor(void *arg, CUresult r)
+{
+	struct grow_arg *g = arg;
+
+	/* The anchor saves time and nothing else: failing to make it fails nothing. */
+	TH_OK(r);
+	TH_CHECK(g->pool);
+	TH_EQ(th_attr(g->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+	TH_OK(sop_pool_destroy(g->pool));
+	TH_OK(sop_ctx_synchronize());
+	live_same(__LINE__);
+}
+
 /* ---- Destruction ------------------------------------------------------------------------ */
 
 static sop_pool_t doomed;
 
+/* A pool that holds a piece, and an anchor from a trim that emptied it. */
 static void
 prep_destroy(void *arg)
 {
@@ -218,6 +255,10 @@ prep_destroy(void *arg)
 	void *p;
 
 	doomed = th_pool(0, 0);
+	TH_OK(sop_malloc_from_pool_async(&p, 3 * MiB, doomed, g->s));
+	TH_OK(sop_free(p));
+	TH_OK(sop_trim_to(doomed, 0));
+	TH_ASSERT(doomed->anchored);
 	TH_OK(sop_malloc_from_pool_async(&p, 3 * MiB, doomed, g->s));
 	TH_OK(sop_free(p));
 }
@@ -269,7 +310,15 @@ main(void)
 
 	g.pool = th_pool(0, 0);
 	TH_OK(sop_pool_set_attr(g.pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
-	base = th_live(); /* now with the pool's reservation and context */
+	{
+		/* The first trim that empties the pool maps its anchor, which stays. */
+		void *p;
+
+		TH_OK(sop_malloc_from_pool_async(&p, 40 * MiB, g.pool, g.s));
+		TH_OK(sop_free(p));
+		TH_OK(sop_trim_to(g.pool, 0));
+	}
+	base = th_live(); /* now with the pool's reservation, context and anchor */
 	sweep("grow", grow_entries, NULL, op_grow, check_grow, &g, false);
 	sweep("trim", trim_entries, prep_trim, op_trim, check_trim, &g, false);
 	keep = 0;
@@ -286,7 +335,17 @@ main(void)
 		th_stream_destroy(s2);
 	}
 	TH_OK(sop_pool_destroy(g.pool));
+	TH_OK(sop_ctx_synchronize());
 	base = th_live();
+	{
+		static const char *const anchor_entries[] = {
+			"cuMemGetAllocationGranularity", "cuMemCreate", "cuMemMap",
+			"cuMemSetAccess", NULL};
+		sop_pool_t keep_pool = g.pool;
+
+		sweep("anchor", anchor_entries, prep_anchor, op_anchor, check_anchor, &g, true);
+		g.pool = keep_pool;
+	}
 	{
 		static const char *const destroy_entries[] = {"cuMemUnmap", "cuMemRelease",
 							      "cuMemAddressFree", NULL};

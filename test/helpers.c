@@ -58,6 +58,9 @@ th_init(void)
 	TH_LOAD(dl, cuLaunchKernel);
 	TH_LOAD(dl, cuStreamWaitEvent);
 	TH_LOAD(dl, cuEventRecord);
+	TH_LOAD(dl, cuMemRetainAllocationHandle);
+	TH_LOAD(dl, cuMemGetAllocationPropertiesFromHandle);
+	TH_LOAD(dl, cuMemGetAccess);
 	TH_LOAD(dl, sim_fail);
 	TH_LOAD(dl, sim_fail_clear);
 	TH_LOAD(dl, sim_calls);

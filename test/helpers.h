@@ -70,6 +70,9 @@ struct th_driver {
 	__typeof__(cuLaunchKernel) *cuLaunchKernel;
 	__typeof__(cuStreamWaitEvent) *cuStreamWaitEvent;
 	__typeof__(cuEventRecord) *cuEventRecord;
+	__typeof__(cuMemRetainAllocationHandle) *cuMemRetainAllocationHandle;
+	__typeof__(cuMemGetAllocationPropertiesFromHandle) *cuMemGetAllocationPropertiesFromHandle;
+	__typeof__(cuMemGetAccess) *cuMemGetAccess;
 	/* The simulated driver's control API; all NULL on a real driver. */
 	__typeof__(sim_fail) *sim_fail;
 	__typeof__(sim_fail_clear) *sim_fail_clear;

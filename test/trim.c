@@ -149,6 +149,84 @@ trim(CUstream s)
 	TH_OK(sop_pool_destroy(pool));
 }
 
+/* A pool that empties keeps a granule of host memory mapped, read-only, at the start of its
+ * reservation (the driver then keeps its page tables there), and grows next to it again; a pool
+ * that never empties makes none, and the anchor goes with the pool. */
+static void
+anchor(CUstream s)
+{
+	CUmemAllocationProp host = {0}, prop = {0};
+	CUmemLocation dev = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+	struct sim_live before = th_live(), now;
+	cuuint64_t max = UINT64_MAX;
+	CUmemGenericAllocationHandle h;
+	unsigned long long flags = 0;
+	sop_pool_t pool, kept;
+	bool can = false;
+	size_t gran = 0;
+	void *p;
+	int i;
+
+	TH_ASSERT(th.cuMemRetainAllocationHandle && th.cuMemGetAllocationPropertiesFromHandle &&
+		  th.cuMemGetAccess);
+	/* Drivers before CUDA 12.2 make no host memory: then no anchor either. */
+	host.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	host.location.type = CU_MEM_LOCATION_TYPE_HOST;
+	can = sop__drv.cuMemGetAllocationGranularity(&gran, &host,
+						     CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
+	      CUDA_SUCCESS;
+	pool = th_pool(0, 0);
+	kept = th_pool(0, 0);
+
+	/* Threshold max: the pool never empties by itself. */
+	TH_OK(sop_pool_set_attr(kept, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &max));
+	TH_OK(sop_malloc_from_pool_async(&p, 32 * MiB, kept, s));
+	TH_OK(sop_free_async(p, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_ASSERT(!kept->anchored);
+
+	/* Threshold 0: the first synchronization that empties it makes the anchor. */
+	TH_OK(sop_malloc_from_pool_async(&p, 32 * MiB, pool, s));
+	TH_ASSERT(!pool->anchored);
+	TH_OK(sop_free_async(p, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_EQ(reserved(pool), 0);
+	TH_EQ(pool->anchored, can);
+	if (pool->anchored) {
+		TH_OK(th.cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)pool->va_base));
+		TH_OK(th.cuMemGetAllocationPropertiesFromHandle(&prop, h));
+		TH_ASSERT(prop.location.type == CU_MEM_LOCATION_TYPE_HOST ||
+			  prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA);
+		TH_OK(sop__drv.cuMemRelease(h));
+		TH_OK(th.cuMemGetAccess(&flags, &dev, pool->va_base));
+		TH_EQ(flags, CU_MEM_ACCESS_FLAGS_PROT_READ);
+	}
+	/* Growth maps next to it, in the same 512 MiB, and makes no other. */
+	for (i = 0; i < 3; i++) {
+		TH_OK(sop_malloc_from_pool_async(&p, 32 * MiB, pool, s));
+		TH_ASSERT((CUdeviceptr)(uintptr_t)p >= pool->va_base + pool->granularity);
+		TH_ASSERT((CUdeviceptr)(uintptr_t)p + 32 * MiB <= pool->va_base + 512 * MiB);
+		TH_OK(sop_free_async(p, s));
+		TH_OK(sop_stream_synchronize(s));
+		TH_EQ(reserved(pool), 0);
+	}
+	TH_CHECK(pool);
+	if (th.sim_live_get) {
+		/* The anchor and the piece kept holds. */
+		now = th_live();
+		TH_EQ(now.mappings, before.mappings + 2);
+		TH_EQ(now.handles, before.handles + 2);
+	}
+	TH_OK(sop_pool_destroy(pool));
+	TH_OK(sop_pool_destroy(kept));
+	TH_OK(sop_ctx_synchronize());
+	now = th_live();
+	TH_EQ(now.reservations, before.reservations);
+	TH_EQ(now.handles, before.handles);
+	TH_EQ(now.mappings, before.mappings);
+	TH_EQ(now.phys_bytes, before.phys_bytes);
+}
+
 /* The device cannot back a request: out of memory, the pool as it was, and the pool still
  * serves what the device can back. Then fill the device and find its end. */
 static void
@@ -203,6 +281,7 @@ main(void)
 	max_size(s1);
 	threshold(s1, s2);
 	trim(s1);
+	anchor(s1);
 	device_full(s1);
 	th_stream_destroy(s1);
 	th_stream_destroy(s2);
