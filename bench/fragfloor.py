@@ -20,7 +20,16 @@ coalescing, on an unbounded address space that grows at its end. It prints, per 
   split-gr.   the same with blocks of at least 32 MiB in a space of their own, whose pieces
               are what they need (in 2 MiB units), the smaller blocks as in 'growth'
 
-Usage: python3 bench/fragfloor.py [--seeds N] [--cap-gib G]
+With --others it prints, instead, placements sop does not use, with how many times each grew:
+
+  apart 4M    requests under 4 MiB and the others in two pools of the 'growth' kind, whose
+              growth maps what it needs as separate physical allocations of at most 32 MiB,
+              each given back on its own
+  alloc 8M    one pool of the 'growth' kind whose growth maps what it needs as separate
+              physical allocations of at most 8 MiB
+  alloc 2M    the same with 2 MiB allocations
+
+Usage: python3 bench/fragfloor.py [--seeds N] [--cap-gib G] [--others]
 """
 import argparse
 import bisect
@@ -93,6 +102,7 @@ class Pieces:
         self.unit = unit
         self.pieces = []  # (addr, size), address order
         self.mapped = 0
+        self.grown = 0
 
     def alloc(self, n):
         if any(s >= n for _, s in self.bf.free):
@@ -101,14 +111,18 @@ class Pieces:
         free = self.bf.free
         tail = free[-1][1] if free and sum(free[-1]) == self.bf.top else 0
         size = max(-(-(n - tail) // self.unit) * self.unit, self.step)
-        self.pieces.append((self.bf.top, size))
+        self.map(self.bf.top, size)
         self.mapped += size
+        self.grown += 1
         self.bf.release(self.bf.top, size)
         self.bf.top += size
         return self.bf.alloc(n)
 
     def release(self, a, n):
         self.bf.release(a, n)
+
+    def map(self, a, size):
+        self.pieces.append((a, size))
 
     def release_idle(self):
         keep = []
@@ -126,6 +140,19 @@ class Pieces:
             else:
                 keep.append((a, size))
         self.pieces = keep
+
+
+class Allocations(Pieces):
+    """Pieces whose growth maps what it needs as separate physical allocations of at most
+    size bytes, each given back on its own."""
+
+    def __init__(self, step, unit, size):
+        super().__init__(step, unit)
+        self.size = size
+
+    def map(self, a, size):
+        for at in range(a, a + size, self.size):
+            self.pieces.append((at, min(self.size, a + size - at)))
 
 
 class Units:
@@ -203,12 +230,52 @@ def run(seed, cap, iters=200000, slots=512, big=32 * MiB):
     return [x / peak for x in (high, high32, high2, highsplit, highgr, highsgr)], peak
 
 
+def others(seed, cap, iters=200000, slots=512, apart=4 * MiB):
+    """apart, alloc 8M, alloc 2M: (reserved-high / peak, growths) each."""
+    rng = SplitMix64(seed)
+    live = [None] * slots
+    small = Allocations(32 * MiB, 2 * MiB, 32 * MiB)
+    large = Allocations(32 * MiB, 2 * MiB, 32 * MiB)
+    a8, a2 = Allocations(32 * MiB, 2 * MiB, 8 * MiB), Allocations(32 * MiB, 2 * MiB, 2 * MiB)
+    used = peak = 0
+    high = [0, 0, 0]
+    for _ in range(iters):
+        k = rng.below(slots)
+        if live[k]:
+            n, req, side, addrs = live[k]
+            for p, a in zip((side, a8, a2), addrs):
+                p.release(a, n)
+            used -= req
+            live[k] = None
+            continue
+        e = rng.below(27)
+        req = (1 << e) + rng.below(1 << e)
+        if used + req > cap:
+            continue
+        n = -(-req // ALIGN) * ALIGN
+        side = large if req >= apart else small
+        live[k] = (n, req, side, [p.alloc(n) for p in (side, a8, a2)])
+        used += req
+        peak = max(peak, used)
+        for i, m in enumerate((small.mapped + large.mapped, a8.mapped, a2.mapped)):
+            high[i] = max(high[i], m)
+    grown = (small.grown + large.grown, a8.grown, a2.grown)
+    return [(h / peak, g) for h, g in zip(high, grown)]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--cap-gib", type=float, default=8.0)
+    ap.add_argument("--others", action="store_true")
     args = ap.parse_args()
     cap = int(args.cap_gib * 1024) * MiB
+    if args.others:
+        print("seed  apart 4M (grew)  alloc 8M (grew)  alloc 2M (grew)")
+        for r in range(args.seeds):
+            cols = others(1000 + r, cap)
+            print(f"{1000 + r}" + "".join(f"  {x:8.3f} ({g:4d})" for x, g in cols))
+        return
     print("seed  peak MiB  extent  32 MiB  2 MiB  split  growth  split-gr.")
     for r in range(args.seeds):
         (ext, g32, g2, split, gr, sgr), peak = run(1000 + r, cap)
