@@ -634,6 +634,9 @@ wl_streams(void)
 /* The host may run this many iterations ahead of the GPU: without a bound it queues thousands
  * of kernels, and both pools grow by a block for each one still pending. */
 #define HANDOFF_AHEAD 128
+/* Blocks that can be in flight: the iterations the host runs ahead, and the half step before
+ * it waits. */
+#define HANDOFF_RING (HANDOFF_AHEAD + HANDOFF_AHEAD / 2)
 
 struct handoff_events {
 	CUevent ev[HANDOFF_EVENTS];
@@ -643,11 +646,14 @@ struct handoff_events {
 /* Allocate on A, fill it there, record an event on A, make B wait on it, free on B. Every
  * HANDOFF_AHEAD / 2 iterations an event on B marks progress, and the host waits for the mark
  * two back: through the side's own event synchronize, which each allocator sees. sd NULL: the
- * same loop on buf, allocated beforehand, through the driver's own calls and with no allocator:
- * the floor under every side. */
+ * same loop on buf[i % n_buf], allocated beforehand, through the driver's own calls and with no
+ * allocator: the floor under every side. With one buffer the fill finds it in the GPU's cache;
+ * with HANDOFF_RING, as many as can be in flight, it writes fresh memory each time, as it does
+ * with any allocator that does not make A wait for B's frees. */
 static void
 handoff_run(const struct side *sd, const struct handoff_events *e, size_t size, long n, CUstream a,
-	    CUstream b, void *buf, struct metric *host, struct metric *gpu, long *stalls)
+	    CUstream b, void *const *buf, int n_buf, struct metric *host, struct metric *gpu,
+	    long *stalls)
 {
 	const long step = HANDOFF_AHEAD / 2;
 	enum side_kind kind = sd ? sd->kind : SIDE_IDEAL;
@@ -659,7 +665,7 @@ handoff_run(const struct side *sd, const struct handoff_events *e, size_t size, 
 	span_begin(&sp, kind);
 	for (i = 0; i < n; i++) {
 		CUevent ev = e->ev[i % HANDOFF_EVENTS];
-		void *p = buf;
+		void *p = n_buf ? buf[i % n_buf] : NULL;
 
 		if (i % step == 0) {
 			long mark = i / step;
@@ -733,8 +739,11 @@ wl_handoff(void)
 		 "host at most %d iterations ahead of the GPU. Host time is the loop; time to "
 		 "completion runs until the context is synchronized. Fresh pools per size. "
 		 "no-alloc runs the same loop on a buffer allocated beforehand: the floor the "
-		 "allocators' loops sit on; a side's time minus it is the allocator's own share.%s",
-		 iters, HANDOFF_AHEAD, env.kernels ? "" : " No kernels here: no fill.");
+		 "allocators' loops sit on; a side's time minus it is the allocator's own share. "
+		 "The rows 'on %d blocks' run it on that many buffers in turn, as many as can be "
+		 "in flight: the floor of an allocator that hands out a different block while "
+		 "earlier ones are in use (the one buffer stays in the GPU's cache).%s",
+		 iters, HANDOFF_AHEAD, HANDOFF_RING, env.kernels ? "" : " No kernels here: no fill.");
 	/* The floor's buffer comes from a pool of its own, outside the pools measured. */
 	if (floor_on)
 		side_open(&aux, SIDE_SOP, UINT64_MAX, 0);
@@ -743,9 +752,10 @@ wl_handoff(void)
 		struct side sd[N_SIDES];
 		struct handoff_events ev[N_SIDES], fev;
 		int n = sides_open(sd, SOP_AND_POOL, UINT64_MAX, 0);
-		struct metric *host, *gpu, *mem;
+		struct metric *host, *gpu, *mem, *host_ring = NULL, *gpu_ring = NULL;
 		long stalls[N_SIDES] = {0};
-		void *buf = NULL;
+		void *ring[HANDOFF_RING];
+		int k;
 
 		fmt_size(label, sizeof label, size);
 		host =
@@ -753,23 +763,40 @@ wl_handoff(void)
 		gpu = metric_new("handoff", "", label, "time to completion", "us/iter",
 				 (double)size, false);
 		mem = metric_new("handoff", "", label, "reserved-high", "MiB", (double)size, false);
+		if (floor_on) {
+			char what[64];
+
+			snprintf(what, sizeof what, "host time on %d blocks", HANDOFF_RING);
+			host_ring = metric_new("handoff", "", label, what, "us/iter", (double)size,
+					       false);
+			snprintf(what, sizeof what, "time to completion on %d blocks",
+				 HANDOFF_RING);
+			gpu_ring = metric_new("handoff", "", label, what, "us/iter", (double)size,
+					      false);
+		}
 		for (i = 0; i < n; i++) {
 			handoff_events(&sd[i], &ev[i], true);
-			handoff_run(&sd[i], &ev[i], size, iters / 10 + 1, a, b, NULL, NULL, NULL,
+			handoff_run(&sd[i], &ev[i], size, iters / 10 + 1, a, b, NULL, 0, NULL, NULL,
 				    &stalls[sd[i].kind]);
 		}
 		if (floor_on) {
-			CHECK(side_alloc(&aux, &buf, size, a));
+			for (k = 0; k < HANDOFF_RING; k++)
+				CHECK(side_alloc(&aux, &ring[k], size, a));
 			CHECK(side_sync(&aux, a));
 			handoff_events(NULL, &fev, true);
-			handoff_run(NULL, &fev, size, iters / 10 + 1, a, b, buf, NULL, NULL, NULL);
+			handoff_run(NULL, &fev, size, iters / 10 + 1, a, b, ring, 1, NULL, NULL, NULL);
+			handoff_run(NULL, &fev, size, iters / 10 + 1, a, b, ring, HANDOFF_RING, NULL,
+				    NULL, NULL);
 		}
 		for (r = 0; r < opts.reps; r++) {
 			for (i = 0; i < n; i++)
-				handoff_run(&sd[i], &ev[i], size, iters, a, b, NULL, host, gpu,
+				handoff_run(&sd[i], &ev[i], size, iters, a, b, NULL, 0, host, gpu,
 					    &stalls[sd[i].kind]);
-			if (floor_on)
-				handoff_run(NULL, &fev, size, iters, a, b, buf, host, gpu, NULL);
+			if (floor_on) {
+				handoff_run(NULL, &fev, size, iters, a, b, ring, 1, host, gpu, NULL);
+				handoff_run(NULL, &fev, size, iters, a, b, ring, HANDOFF_RING,
+					    host_ring, gpu_ring, NULL);
+			}
 		}
 		for (i = 0; i < n; i++) {
 			metric_add(mem, sd[i].kind,
@@ -784,11 +811,16 @@ wl_handoff(void)
 		}
 		if (floor_on) {
 			handoff_events(NULL, &fev, false);
-			CHECK(side_free(&aux, buf, a));
+			for (k = 0; k < HANDOFF_RING; k++)
+				CHECK(side_free(&aux, ring[k], a));
 			CHECK(side_sync(&aux, a));
 		}
 		metric_done(host);
 		metric_done(gpu);
+		if (floor_on) {
+			metric_done(host_ring);
+			metric_done(gpu_ring);
+		}
 		metric_done(mem);
 		sides_close(sd, n);
 	}
