@@ -1515,6 +1515,20 @@ piece_unback(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc,
 	return right;
 }
 
+/* Keep a handle whose range is unmapped but whose cuMemRelease failed, for orphans_release to
+ * retry. Without host memory to note it in, it is lost (to the process, not to correctness). */
+static void
+orphan_keep(struct sop_pool *pool, CUmemGenericAllocationHandle h)
+{
+	CUmemGenericAllocationHandle *o =
+		realloc(pool->orphans, (pool->n_orphans + 1) * sizeof *o);
+
+	if (o) {
+		o[pool->n_orphans++] = h;
+		pool->orphans = o;
+	}
+}
+
 /* Unmap and release one idle piece inside f. */
 static CUresult
 piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc,
@@ -1549,14 +1563,8 @@ piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc
 	}
 	/* Unmapped: the range leaves the pool whatever the release says. */
 	r = SOP_DRV(cuMemRelease)(pc->handle);
-	if (r != CUDA_SUCCESS) {
-		CUmemGenericAllocationHandle *o =
-			realloc(pool->orphans, (pool->n_orphans + 1) * sizeof *o);
-		if (o) {
-			o[pool->n_orphans++] = pc->handle;
-			pool->orphans = o;
-		}
-	}
+	if (r != CUDA_SUCCESS)
+		orphan_keep(pool, pc->handle);
 	*right = piece_unback(pool, f, pc, d, &lv);
 	leaves_put(pool, &lv, 0);
 	piece_unlink(seg, pc);
@@ -1635,14 +1643,8 @@ sop__heap_anchor_drop(struct sop_pool *pool)
 		return r;
 	pool->anchored = false;
 	r = SOP_DRV(cuMemRelease)(pool->anchor);
-	if (r != CUDA_SUCCESS) {
-		CUmemGenericAllocationHandle *o =
-			realloc(pool->orphans, (pool->n_orphans + 1) * sizeof *o);
-		if (o) {
-			o[pool->n_orphans++] = pool->anchor;
-			pool->orphans = o;
-		}
-	}
+	if (r != CUDA_SUCCESS)
+		orphan_keep(pool, pool->anchor);
 	return r;
 }
 
