@@ -176,8 +176,29 @@ class Units:
                 self.count[u] = c
 
 
-def run(seed, cap, iters=200000, slots=512, big=32 * MiB):
+def workload(seed, cap, iters=200000, slots=512):
+    """sop-bench's fragmentation sequence: (slot, bytes, request) for an allocation into an
+    empty slot, (slot, 0, 0) for the free of a full one; used bytes capped at cap."""
     rng = SplitMix64(seed)
+    live = [0] * slots
+    used = 0
+    for _ in range(iters):
+        k = rng.below(slots)
+        if live[k]:
+            used -= live[k]
+            live[k] = 0
+            yield k, 0, 0
+            continue
+        e = rng.below(27)
+        req = (1 << e) + rng.below(1 << e)
+        if used + req > cap:
+            continue
+        used += req
+        live[k] = req
+        yield k, -(-req // ALIGN) * ALIGN, req
+
+
+def run(seed, cap, slots=512, big=32 * MiB):
     live = [None] * slots
     heap, small = BestFit(), BestFit()
     u2, u32, usplit = Units(2 * MiB), Units(32 * MiB), Units(32 * MiB)
@@ -185,9 +206,8 @@ def run(seed, cap, iters=200000, slots=512, big=32 * MiB):
     psmall, plarge = Pieces(32 * MiB, 2 * MiB), Pieces(2 * MiB, 2 * MiB)
     used = peak = high = high2 = high32 = highsplit = highgr = highsgr = 0
     big_bytes = 0
-    for _ in range(iters):
-        k = rng.below(slots)
-        if live[k]:
+    for k, n, req in workload(seed, cap, slots=slots):
+        if not n:
             a, sa, n, req, oa, pa = live[k]
             one.release(oa, n)
             (plarge if req >= big else psmall).release(pa, n)
@@ -202,11 +222,6 @@ def run(seed, cap, iters=200000, slots=512, big=32 * MiB):
             used -= req
             live[k] = None
             continue
-        e = rng.below(27)
-        req = (1 << e) + rng.below(1 << e)
-        if used + req > cap:
-            continue
-        n = -(-req // ALIGN) * ALIGN
         a = heap.alloc(n)
         u2.add(a, n, 1)
         u32.add(a, n, 1)
@@ -230,29 +245,22 @@ def run(seed, cap, iters=200000, slots=512, big=32 * MiB):
     return [x / peak for x in (high, high32, high2, highsplit, highgr, highsgr)], peak
 
 
-def others(seed, cap, iters=200000, slots=512, apart=4 * MiB):
+def others(seed, cap, slots=512, apart=4 * MiB):
     """apart, alloc 8M, alloc 2M: (reserved-high / peak, growths) each."""
-    rng = SplitMix64(seed)
     live = [None] * slots
     small = Allocations(32 * MiB, 2 * MiB, 32 * MiB)
     large = Allocations(32 * MiB, 2 * MiB, 32 * MiB)
     a8, a2 = Allocations(32 * MiB, 2 * MiB, 8 * MiB), Allocations(32 * MiB, 2 * MiB, 2 * MiB)
     used = peak = 0
     high = [0, 0, 0]
-    for _ in range(iters):
-        k = rng.below(slots)
-        if live[k]:
+    for k, n, req in workload(seed, cap, slots=slots):
+        if not n:
             n, req, side, addrs = live[k]
             for p, a in zip((side, a8, a2), addrs):
                 p.release(a, n)
             used -= req
             live[k] = None
             continue
-        e = rng.below(27)
-        req = (1 << e) + rng.below(1 << e)
-        if used + req > cap:
-            continue
-        n = -(-req // ALIGN) * ALIGN
         side = large if req >= apart else small
         live[k] = (n, req, side, [p.alloc(n) for p in (side, a8, a2)])
         used += req
