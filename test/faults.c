@@ -221,14 +221,6 @@ prep_anchor(void *arg)
 	TH_OK(sop_free(p));
 }
 
-static CUresult
-op_anchor(void *arg)
-{
-	struct grow_arg *g = arg;
-
-	return sop_trim_to(g->pool, 0);
-}
-
 static void
 check_anchor(void *arg, CUresult r)
 {
@@ -343,7 +335,7 @@ main(void)
 			"cuMemSetAccess", NULL};
 		sop_pool_t keep_pool = g.pool;
 
-		sweep("anchor", anchor_entries, prep_anchor, op_anchor, check_anchor, &g, true);
+		sweep("anchor", anchor_entries, prep_anchor, op_trim, check_anchor, &g, true);
 		g.pool = keep_pool;
 	}
 	{
