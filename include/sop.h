@@ -146,6 +146,15 @@ CUresult sop_event_destroy(CUevent event);
  * Returns CUDA_SUCCESS or CUDA_ERROR_INVALID_VALUE. */
 CUresult sop_driver_calls(const char **names, unsigned long long *counts, size_t *n);
 
+/* The pool's free memory as it is now, which the driver's pools do not tell: *total is the bytes
+ * it holds that no allocation uses (free in the pool, or freed on a stream and pending there),
+ * *largest the longest run of them at contiguous addresses, the largest request the pool could
+ * serve without growing once those frees are complete. Their ratio says how scattered the free
+ * memory is. A moment's view: the pool's lock is held while every block is walked, and other
+ * threads' allocations and frees move the figures as they are read. Returns CUDA_SUCCESS, or
+ * CUDA_ERROR_INVALID_VALUE for a pool that is not live or a NULL pointer. */
+CUresult sop_pool_get_free_extents(sop_pool_t pool, size_t *largest, size_t *total);
+
 #ifdef __cplusplus
 }
 #endif

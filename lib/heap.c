@@ -1705,6 +1705,39 @@ sop__heap_release(struct sop_pool *pool, size_t target, size_t floor)
 	return release_idle(pool, target, floor, 0);
 }
 
+void
+sop__heap_free_extents(struct sop_pool *pool, size_t *largest, size_t *total)
+{
+	struct sop__segment *seg;
+	size_t most = 0, sum = 0;
+
+	pthread_mutex_lock(&pool->lock);
+	for (seg = pool->segments; seg; seg = seg->next) {
+		struct sop__block *b;
+		size_t run = 0;
+
+		/* Links and sizes change under the segment lock; a stream may take one of its
+		 * cached blocks meanwhile, which only changes the state read here. */
+		sop__segment_lock(seg);
+		for (b = seg->first; b; b = b->phys_next) {
+			enum sop__state st = sop__block_state(b);
+
+			if (st != SOP_BLOCK_FREE && st != SOP_BLOCK_CACHED) {
+				run = 0;
+				continue;
+			}
+			run += b->size;
+			sum += b->size;
+			if (run > most)
+				most = run;
+		}
+		sop__lock_drop(&seg->lock);
+	}
+	pthread_mutex_unlock(&pool->lock);
+	*largest = most;
+	*total = sum;
+}
+
 CUresult
 sop__heap_set_access(struct sop_pool *pool, const CUmemAccessDesc *want,
 		     const CUmemAccessDesc *was, size_t n)

@@ -429,6 +429,9 @@ CUresult sop__heap_set_access(struct sop_pool *pool, const CUmemAccessDesc *want
 			      const CUmemAccessDesc *was, size_t n);
 /* Free the host side of a pool whose segments have all been released. */
 void sop__heap_destroy(struct sop_pool *pool);
+/* The bytes of the pool's FREE and CACHED blocks, and the longest run of them at contiguous
+ * addresses (sop_pool_get_free_extents). Takes the pool lock. */
+void sop__heap_free_extents(struct sop_pool *pool, size_t *largest, size_t *total);
 /* Unmap and release the anchor, if any. Context current, pool lock held. */
 CUresult sop__heap_anchor_drop(struct sop_pool *pool);
 

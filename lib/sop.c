@@ -116,6 +116,19 @@ sop_pool_get_attr(sop_pool_t pool, CUmemPool_attribute attr, void *value)
 }
 
 SOP_API CUresult
+sop_pool_get_free_extents(sop_pool_t pool, size_t *largest, size_t *total)
+{
+	CUresult r = sop__init();
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!pool_usable(pool) || !largest || !total)
+		return CUDA_ERROR_INVALID_VALUE;
+	sop__heap_free_extents(pool, largest, total);
+	return CUDA_SUCCESS;
+}
+
+SOP_API CUresult
 sop_trim_to(sop_pool_t pool, size_t min_bytes_to_keep)
 {
 	CUresult r = sop__init();

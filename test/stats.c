@@ -1,8 +1,57 @@
 /* stats.c - accounting and watermarks: used memory counts exact requested bytes and drops at the
  * free call; writing 0 to a watermark resets it to the current value; reserved memory is the
  * physical memory held, in pieces of at least a 32 MiB step, or what a request needs beyond the
- * free memory next to it. */
+ * free memory next to it. Free extents count free and pending memory alike, the largest the
+ * longest contiguous run of it. */
 #include "helpers.h"
+
+#define MiB ((size_t)1 << 20)
+
+static void
+extents_are(sop_pool_t pool, size_t largest, size_t total)
+{
+	size_t l = 1, t = 1;
+
+	TH_OK(sop_pool_get_free_extents(pool, &l, &t));
+	TH_EQ(l, largest);
+	TH_EQ(t, total);
+}
+
+static void
+free_extents(CUstream s)
+{
+	sop_pool_t pool = th_pool(0, 0), gone = th_pool(0, 0);
+	size_t l = 7, t = 7;
+	void *a, *b, *c;
+
+	extents_are(pool, 0, 0);
+	/* One 32 MiB step: a, b, c at its start, 20 MiB free after them. */
+	TH_OK(sop_malloc_from_pool_async(&a, 4 * MiB, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&b, 4 * MiB, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&c, 4 * MiB, pool, s));
+	TH_EQ((char *)b - (char *)a, (long)(4 * MiB));
+	TH_EQ((char *)c - (char *)b, (long)(4 * MiB));
+	extents_are(pool, 20 * MiB, 20 * MiB);
+	/* b pending on s, between two live blocks: free, but apart. */
+	TH_OK(sop_free_async(b, s));
+	extents_are(pool, 20 * MiB, 24 * MiB);
+	/* c joins the free memory after it, and b before it. */
+	TH_OK(sop_free(c));
+	extents_are(pool, 28 * MiB, 28 * MiB);
+	TH_OK(sop_free_async(a, s));
+	extents_are(pool, 32 * MiB, 32 * MiB);
+	TH_CHECK(pool);
+
+	TH_EQ(sop_pool_get_free_extents(NULL, &l, &t), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(sop_pool_get_free_extents(pool, NULL, &t), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(sop_pool_get_free_extents(pool, &l, NULL), CUDA_ERROR_INVALID_VALUE);
+	TH_OK(sop_pool_destroy(gone));
+	TH_EQ(sop_pool_get_free_extents(gone, &l, &t), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(l, 7);
+	TH_EQ(t, 7);
+	TH_OK(sop_stream_synchronize(s));
+	TH_OK(sop_pool_destroy(pool));
+}
 
 int
 main(void)
@@ -76,6 +125,7 @@ main(void)
 	TH_CHECK(pool);
 
 	TH_OK(sop_pool_destroy(pool));
+	free_extents(s);
 	th_stream_destroy(s);
 	printf("stats: ok\n");
 	return 0;

@@ -2,7 +2,8 @@
  * works on its own stream with a random mix of sizes, tags every block with work on its stream
  * and checks the tag before freeing it; some blocks are handed to a neighbour thread, which
  * frees them on its own stream after waiting on an event. At the end the pool is consistent and
- * its accounting adds up. Run under ThreadSanitizer in CI. */
+ * its accounting adds up, and its free extents read in passing never pass what it holds. Run
+ * under ThreadSanitizer in CI. */
 #include <string.h>
 
 #include "helpers.h"
@@ -96,6 +97,15 @@ worker(void *arg)
 		}
 		if (i % 64 == 0)
 			drain(&boxes[me], s);
+		if (i % 100 == me) {
+			/* Read while the others allocate and free: a view of some moment. */
+			size_t largest, total;
+
+			TH_OK(sop_pool_get_free_extents(pool, &largest, &total));
+			if (largest > total ||
+			    total > th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH))
+				atomic_fetch_add(&bad, 1);
+		}
 		if (i % 500 == 0)
 			TH_OK(sop_stream_synchronize(s));
 	}
@@ -135,6 +145,13 @@ main(void)
 	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
 	TH_CHECK(pool);
 	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+	{
+		size_t largest = 1, total = 1;
+
+		TH_OK(sop_pool_get_free_extents(pool, &largest, &total));
+		TH_EQ(largest, 0);
+		TH_EQ(total, 0);
+	}
 	TH_OK(sop_pool_destroy(pool));
 	th_stream_destroy(s);
 	printf("threads: ok\n");
