@@ -230,7 +230,7 @@ stream_device(CUstream stream, CUdevice *device)
 	CUcontext cur = NULL, ctx, popped;
 	CUresult r;
 
-	e = cache ? &cache[((uintptr_t)stream >> 4 ^ (uintptr_t)stream) % SOP_DEV_WAYS] : &scratch;
+	e = cache ? &cache[sop__stream_hash(stream, SOP_DEV_WAYS_LOG2)] : &scratch;
 
 	if (special) {
 		r = SOP_DRV(cuCtxGetCurrent)(&cur);

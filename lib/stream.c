@@ -110,12 +110,14 @@ struct rec_entry {
 	struct sop__stream *st;
 };
 
-#define REC_WAYS 64
+#define REC_SETS_LOG2 5
+#define REC_SETS (1u << REC_SETS_LOG2)
+#define REC_ASSOC 2 /* two streams that share a set, such as a producer and a consumer, both stay */
 
 struct sop__tcache {
 	struct tls_entry streams[TLS_SETS][TLS_ASSOC]; /* most recent first in each set */
 	struct sop__dev_entry devices[SOP_DEV_WAYS];
-	struct rec_entry records[REC_WAYS];
+	struct rec_entry records[REC_SETS][REC_ASSOC]; /* most recent first in each set */
 };
 
 static __thread struct sop__tcache *tcache __attribute__((tls_model("initial-exec")));
@@ -167,10 +169,22 @@ sop__dev_cache(void)
 /* The record of a stream (order.c), through the thread's cache: events name streams on every
  * call, and asking the driver who a stream is costs two calls. Records live for the process, so
  * an entry can never dangle. */
-static inline unsigned
-rec_way(CUstream stream)
+static inline struct rec_entry *
+rec_set(struct sop__tcache *c, CUstream stream)
 {
-	return (unsigned)(((uintptr_t)stream >> 4 ^ (uintptr_t)stream) % REC_WAYS);
+	return c->records[sop__stream_hash(stream, REC_SETS_LOG2)];
+}
+
+/* Put (stream, ctx) -> st first in its set, over an older entry for the same handle if any. */
+static void
+rec_put(struct rec_entry *set, CUstream stream, CUcontext ctx, struct sop__stream *st)
+{
+	int w = 0;
+
+	while (w < REC_ASSOC - 1 && !(set[w].handle == stream && set[w].ctx == ctx))
+		w++;
+	memmove(&set[1], &set[0], (size_t)w * sizeof *set);
+	set[0] = (struct rec_entry){stream, ctx, st};
 }
 
 /* After a pool identified the stream behind a handle by its id: the handle names that record on
@@ -184,17 +198,18 @@ rec_remember(CUstream stream, struct sop__stream *st)
 
 	if (stream_special(stream) || !(c = tcache_get()))
 		return;
-	c->records[rec_way(stream)] = (struct rec_entry){stream, NULL, st};
+	rec_put(rec_set(c, stream), stream, NULL, st);
 }
 
 CUresult
 sop__stream_lookup(CUstream stream, struct sop__stream **out)
 {
 	struct sop__tcache *c = tcache_get();
-	struct rec_entry *e = NULL;
+	struct rec_entry *set = NULL;
 	CUcontext cur = NULL, ctx;
 	uint64_t id;
 	CUresult r;
+	int w;
 
 	if (stream_special(stream)) {
 		r = SOP_DRV(cuCtxGetCurrent)(&cur);
@@ -204,10 +219,14 @@ sop__stream_lookup(CUstream stream, struct sop__stream **out)
 			return CUDA_ERROR_INVALID_CONTEXT;
 	}
 	if (c) {
-		e = &c->records[rec_way(stream)];
-		if (e->st && e->handle == stream && e->ctx == cur) {
-			*out = e->st;
-			return CUDA_SUCCESS;
+		set = rec_set(c, stream);
+		for (w = 0; w < REC_ASSOC; w++) {
+			if (set[w].st && set[w].handle == stream && set[w].ctx == cur) {
+				*out = set[w].st;
+				if (w)
+					rec_put(set, stream, cur, *out);
+				return CUDA_SUCCESS;
+			}
 		}
 	}
 	r = sop__stream_identify(stream, &id, &ctx);
@@ -216,8 +235,8 @@ sop__stream_lookup(CUstream stream, struct sop__stream **out)
 	*out = sop__stream_record(id, ctx);
 	if (!*out)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	if (e)
-		*e = (struct rec_entry){stream, cur, *out};
+	if (set)
+		rec_put(set, stream, cur, *out);
 	return CUDA_SUCCESS;
 }
 

@@ -1,6 +1,8 @@
 /* hotpath.c - the same-stream allocation and free make no driver call: counted with
  * sop_driver_calls. Once several streams are in use, frees record a probe event now and then,
- * never more than one per 64 frees in a steady same-stream loop. */
+ * never more than one per 64 frees in a steady same-stream loop. A thread that records an event
+ * on one stream and makes another wait on it makes those two calls and no more, whichever two
+ * streams they are. */
 #include <string.h>
 
 #include "helpers.h"
@@ -80,6 +82,37 @@ main(void)
 	       PAIRS, after - before, rec1 - rec0);
 	TH_ASSERT(rec1 - rec0 <= PAIRS / 64 + 1);
 	TH_EQ(after - before, rec1 - rec0);
+
+	{
+		/* Any two streams: the thread's cache of who each stream is keeps both. */
+		enum { STREAMS = 48, ROUNDS = 4 };
+		CUstream st[STREAMS];
+		CUevent ev;
+		int i, j, k;
+
+		TH_OK(th.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+		for (i = 0; i < STREAMS; i++)
+			st[i] = th_stream();
+		for (i = 0; i < STREAMS; i++) {
+			for (j = 0; j < STREAMS; j++) {
+				if (i == j)
+					continue;
+				TH_OK(sop_event_record(ev, st[i]));
+				TH_OK(sop_stream_wait_event(st[j], ev, 0));
+				before = total_calls(&rec0);
+				for (k = 0; k < ROUNDS; k++) {
+					TH_OK(sop_event_record(ev, st[i]));
+					TH_OK(sop_stream_wait_event(st[j], ev, 0));
+				}
+				after = total_calls(&rec1);
+				TH_EQ(after - before, 2 * ROUNDS);
+			}
+		}
+		TH_OK(sop_ctx_synchronize());
+		TH_OK(sop_event_destroy(ev));
+		for (i = 0; i < STREAMS; i++)
+			th_stream_destroy(st[i]);
+	}
 
 	TH_OK(sop_stream_synchronize(s));
 	TH_OK(sop_stream_synchronize(s2));
