@@ -234,6 +234,14 @@ sop__stream_poll(struct sop__stream *st)
 
 /* ---- Dependencies -------------------------------------------------------------------------- */
 
+/* A clock holds up to SOP_DEPS entries (264 bytes) and mostly one or two: copy those only. */
+static inline void
+clock_copy(struct sop__clock *to, const struct sop__clock *from)
+{
+	to->n = from->n;
+	memcpy(to->e, from->e, from->n * sizeof from->e[0]);
+}
+
 /* Add (s, epoch) to a dependency list of at most SOP_DEPS entries; when it is full the entry
  * with the oldest epoch goes, which only forgets an opportunity. */
 static void
@@ -269,7 +277,7 @@ sop__stream_deps(struct sop__stream *t, struct sop__clock *out)
 		return;
 	}
 	pthread_mutex_lock(&t->lock);
-	*out = t->deps;
+	clock_copy(out, &t->deps);
 	pthread_mutex_unlock(&t->lock);
 }
 
@@ -372,15 +380,21 @@ sop__event_record(CUevent ev, CUstream stream)
 		return SOP_DRV(cuEventRecord)(ev, stream); /* no host memory: no dependency */
 	if (r != CUDA_SUCCESS)
 		return r;
-	pthread_mutex_lock(&st->lock);
-	clock = st->deps;
+	/* A stream that never waited on an event (most) carries only its own position: no lock.
+	 * A wait another thread enqueues at the same moment has no order against this record. */
+	if (atomic_load_explicit(&st->n_deps, memory_order_acquire)) {
+		pthread_mutex_lock(&st->lock);
+		clock_copy(&clock, &st->deps);
+		pthread_mutex_unlock(&st->lock);
+	} else {
+		clock.n = 0;
+	}
 	deps_add(&clock, st, sop__stream_mark(st));
-	pthread_mutex_unlock(&st->lock);
 	r = SOP_DRV(cuEventRecord)(ev, stream);
 	e = event_find(ev, r == CUDA_SUCCESS, &shard);
 	if (e) {
 		if (r == CUDA_SUCCESS)
-			e->clock = clock;
+			clock_copy(&e->clock, &clock);
 		else
 			e->clock.n = 0; /* the event's state is unknown: it carries nothing */
 	}
@@ -396,7 +410,7 @@ sop__event_clock(CUevent ev, struct sop__clock *out)
 
 	e = event_find(ev, false, &shard);
 	if (e)
-		*out = e->clock;
+		clock_copy(out, &e->clock);
 	pthread_mutex_unlock(&events[shard].lock);
 	return e != NULL;
 }
