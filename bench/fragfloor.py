@@ -28,6 +28,9 @@ With --others it prints, instead, placements sop does not use, with how many tim
   alloc 8M    one pool of the 'growth' kind whose growth maps what it needs as separate
               physical allocations of at most 8 MiB
   alloc 2M    the same with 2 MiB allocations
+  8M, need    8 MiB allocations as in 'alloc 8M', but idle ones are given back at a growth
+              only when they add up to what it maps, largest first (sop's rule), with how
+              many physical allocations were made and given back
 
 Usage: python3 bench/fragfloor.py [--seeds N] [--cap-gib G] [--others]
 """
@@ -94,23 +97,29 @@ class Pieces:
     """Best fit over memory mapped in pieces at the end of an address space: a request that
     fits nowhere first gives back every piece that free blocks cover whole (its range leaves
     the space), then maps what it needs beyond the free block at the end, at least step, in
-    units of unit."""
+    units of unit. With need, idle pieces are given back only when they add up to what the
+    growth maps, largest first, until they do."""
 
-    def __init__(self, step, unit):
+    def __init__(self, step, unit, need=False):
         self.bf = BestFit()
         self.step = step
         self.unit = unit
+        self.need = need
         self.pieces = []  # (addr, size), address order
         self.mapped = 0
         self.grown = 0
+        self.made = self.given = 0
+
+    def tail_size(self, n):
+        free = self.bf.free
+        tail = free[-1][1] if free and sum(free[-1]) == self.bf.top else 0
+        return max(-(-(n - tail) // self.unit) * self.unit, self.step)
 
     def alloc(self, n):
         if any(s >= n for _, s in self.bf.free):
             return self.bf.alloc(n)
-        self.release_idle()
-        free = self.bf.free
-        tail = free[-1][1] if free and sum(free[-1]) == self.bf.top else 0
-        size = max(-(-(n - tail) // self.unit) * self.unit, self.step)
+        self.release_idle(self.tail_size(n) if self.need else 0)
+        size = self.tail_size(n)
         self.map(self.bf.top, size)
         self.mapped += size
         self.grown += 1
@@ -123,36 +132,58 @@ class Pieces:
 
     def map(self, a, size):
         self.pieces.append((a, size))
+        self.made += 1
 
-    def release_idle(self):
-        keep = []
-        for a, size in self.pieces:
-            free = self.bf.free
-            i = bisect.bisect(free, (a, 1 << 62)) - 1
-            if i >= 0 and free[i][0] <= a and sum(free[i]) >= a + size:
-                fa, fs = free.pop(i)
-                if fa < a:
-                    free.insert(i, (fa, a - fa))
-                    i += 1
-                if fa + fs > a + size:
-                    free.insert(i, (a + size, fa + fs - a - size))
-                self.mapped -= size
-            else:
-                keep.append((a, size))
-        self.pieces = keep
+    def idle(self, a, size):
+        free = self.bf.free
+        i = bisect.bisect(free, (a, 1 << 62)) - 1
+        return i >= 0 and free[i][0] <= a and sum(free[i]) >= a + size
+
+    def give_back(self, a, size):
+        free = self.bf.free
+        i = bisect.bisect(free, (a, 1 << 62)) - 1
+        fa, fs = free.pop(i)
+        if fa < a:
+            free.insert(i, (fa, a - fa))
+            i += 1
+        if fa + fs > a + size:
+            free.insert(i, (a + size, fa + fs - a - size))
+        self.mapped -= size
+        self.given += 1
+
+    def release_idle(self, need=0):
+        """Give back every idle piece, or with need, the largest ones until they add up to
+        need, and none if all of them do not."""
+        idle = [p for p in self.pieces if self.idle(*p)]
+        if need:
+            if sum(size for _, size in idle) < need:
+                return
+            idle.sort(key=lambda p: -p[1])
+            got, picked = 0, []
+            for p in idle:
+                if got >= need:
+                    break
+                picked.append(p)
+                got += p[1]
+            idle = picked
+        gone = set(idle)
+        for a, size in idle:
+            self.give_back(a, size)
+        self.pieces = [p for p in self.pieces if p not in gone]
 
 
 class Allocations(Pieces):
     """Pieces whose growth maps what it needs as separate physical allocations of at most
     size bytes, each given back on its own."""
 
-    def __init__(self, step, unit, size):
-        super().__init__(step, unit)
+    def __init__(self, step, unit, size, need=False):
+        super().__init__(step, unit, need)
         self.size = size
 
     def map(self, a, size):
         for at in range(a, a + size, self.size):
             self.pieces.append((at, min(self.size, a + size - at)))
+            self.made += 1
 
 
 class Units:
@@ -246,29 +277,31 @@ def run(seed, cap, slots=512, big=32 * MiB):
 
 
 def others(seed, cap, slots=512, apart=4 * MiB):
-    """apart, alloc 8M, alloc 2M: (reserved-high / peak, growths) each."""
+    """apart, alloc 8M, alloc 2M: (reserved-high / peak, growths) each; then 8M, need:
+    (reserved-high / peak, allocations made, allocations given back)."""
     live = [None] * slots
     small = Allocations(32 * MiB, 2 * MiB, 32 * MiB)
     large = Allocations(32 * MiB, 2 * MiB, 32 * MiB)
     a8, a2 = Allocations(32 * MiB, 2 * MiB, 8 * MiB), Allocations(32 * MiB, 2 * MiB, 2 * MiB)
+    n8 = Allocations(32 * MiB, 2 * MiB, 8 * MiB, need=True)
     used = peak = 0
-    high = [0, 0, 0]
+    high = [0, 0, 0, 0]
     for k, n, req in workload(seed, cap, slots=slots):
         if not n:
             n, req, side, addrs = live[k]
-            for p, a in zip((side, a8, a2), addrs):
+            for p, a in zip((side, a8, a2, n8), addrs):
                 p.release(a, n)
             used -= req
             live[k] = None
             continue
         side = large if req >= apart else small
-        live[k] = (n, req, side, [p.alloc(n) for p in (side, a8, a2)])
+        live[k] = (n, req, side, [p.alloc(n) for p in (side, a8, a2, n8)])
         used += req
         peak = max(peak, used)
-        for i, m in enumerate((small.mapped + large.mapped, a8.mapped, a2.mapped)):
+        for i, m in enumerate((small.mapped + large.mapped, a8.mapped, a2.mapped, n8.mapped)):
             high[i] = max(high[i], m)
     grown = (small.grown + large.grown, a8.grown, a2.grown)
-    return [(h / peak, g) for h, g in zip(high, grown)]
+    return [(h / peak, g) for h, g in zip(high, grown)], (high[3] / peak, n8.made, n8.given)
 
 
 def main():
@@ -279,10 +312,11 @@ def main():
     args = ap.parse_args()
     cap = int(args.cap_gib * 1024) * MiB
     if args.others:
-        print("seed  apart 4M (grew)  alloc 8M (grew)  alloc 2M (grew)")
+        print("seed  apart 4M (grew)  alloc 8M (grew)  alloc 2M (grew)  8M, need (made/given)")
         for r in range(args.seeds):
-            cols = others(1000 + r, cap)
-            print(f"{1000 + r}" + "".join(f"  {x:8.3f} ({g:4d})" for x, g in cols))
+            cols, (x8, made, given) = others(1000 + r, cap)
+            print(f"{1000 + r}" + "".join(f"  {x:8.3f} ({g:4d})" for x, g in cols) +
+                  f"  {x8:8.3f} ({made}/{given})")
         return
     print("seed  peak MiB  extent  32 MiB  2 MiB  split  growth  split-gr.")
     for r in range(args.seeds):
