@@ -487,7 +487,6 @@ struct sop__stream_ref {
 	uint64_t id;
 };
 
-/* The per-thread cache of which device a stream belongs to (used by sop.c). */
 /* Which of 2^bits slots a stream handle goes to in a per-thread cache: the top bits of a
  * multiplicative hash, so that every bit of the handle counts. Driver handles share their low
  * bits (their alignment) and often the bits above them; slots chosen from those held one stream
@@ -499,6 +498,7 @@ sop__stream_hash(CUstream stream, unsigned bits)
 	return (unsigned)(((uint64_t)(uintptr_t)stream * 0x9E3779B97F4A7C15u) >> (64 - bits));
 }
 
+/* The per-thread cache of which device a stream belongs to (used by sop.c). */
 #define SOP_DEV_WAYS_LOG2 5
 #define SOP_DEV_WAYS (1u << SOP_DEV_WAYS_LOG2)
 struct sop__dev_entry {
