@@ -155,6 +155,19 @@ CUresult sop_driver_calls(const char **names, unsigned long long *counts, size_t
  * CUDA_ERROR_INVALID_VALUE for a pool that is not live or a NULL pointer. */
 CUresult sop_pool_get_free_extents(sop_pool_t pool, size_t *largest, size_t *total);
 
+/* Compaction, which the driver's pools do not have: a pool with it on (enable 1) trades mapping
+ * calls for memory. It grows in physical allocations of 8 MiB (larger ones only for growth of
+ * more than 128 MiB), so that more of its free memory is whole allocations it can give back
+ * when it grows elsewhere, and its small requests (below 2 MiB) split the lowest-addressed of
+ * the blocks that fit rather than the smallest. A pool whose live memory rises and falls then
+ * reserves less at its peak; one that stays at the same size with scattered free memory may
+ * give back and map memory at nearly every growth, each costing tens of microseconds (design.md,
+ * Compaction). Off (0) by default; the setting applies to later growth and placement. Returns
+ * CUDA_SUCCESS, or CUDA_ERROR_INVALID_VALUE for a pool that is not live, enable other than 0 or
+ * 1, or a NULL pointer. */
+CUresult sop_pool_set_compaction(sop_pool_t pool, int enable);
+CUresult sop_pool_get_compaction(sop_pool_t pool, int *enabled);
+
 #ifdef __cplusplus
 }
 #endif

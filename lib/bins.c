@@ -142,6 +142,26 @@ sop__bins_scan(struct sop__bins *bins, size_t size, unsigned *probes,
 	}
 }
 
+struct sop__block *
+sop__bins_find_lowest(struct sop__bins *bins, size_t size, unsigned probes)
+{
+	struct sop__block *best = NULL, *b;
+	unsigned fl, sl;
+
+	search_index(size, &fl, &sl);
+	while (probes && (b = first_from(bins, fl, sl))) {
+		sop__bins_index(b->size, &fl, &sl);
+		for (; b && probes; b = b->free_next, probes--)
+			if (!best || b->addr < best->addr)
+				best = b;
+		if (++sl == SOP_SL_COUNT) {
+			sl = 0;
+			fl++;
+		}
+	}
+	return best;
+}
+
 /* How many blocks of the request's own list the hot path looks at before moving on. */
 #define CLOSE_PROBES 4
 

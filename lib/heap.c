@@ -1077,14 +1077,17 @@ joinable(struct sop__block *b, const struct sop__sstream *ss)
 }
 
 /* The bytes to map in room bytes of a hole so that, joined with have bytes next to it, a block
- * of size bytes fits: whole granules, and at least a growth step (the driver's), except near
- * maxSize, where only what is needed. 0 if it cannot fit there. */
+ * of size bytes fits: whole granules, and at least a growth step (the driver's, or a compacting
+ * pool's), except near maxSize, where only what is needed. 0 if it cannot fit there. */
 static size_t
 span(struct sop_pool *pool, size_t size, size_t have, size_t room, size_t *least)
 {
 	size_t g = pool->granularity;
 	size_t lo = size > have ? sop__round_up(size - have, g) : g;
-	size_t want = sop__round_up(SOP_SEGMENT_MIN, g);
+	size_t want = sop__round_up(atomic_load_explicit(&pool->compact, memory_order_relaxed)
+					    ? SOP_COMPACT_PIECE
+					    : SOP_SEGMENT_MIN,
+				    g);
 	uint64_t reserved = atomic_load(&pool->reserved);
 
 	if (lo > room || (pool->max_size && reserved + lo > pool->max_size))
@@ -1265,6 +1268,59 @@ segment_room(struct sop_pool *pool)
 	return room > SOP_SEGMENT_MIN ? room : sop__round_up(SOP_SEGMENT_MIN, pool->granularity);
 }
 
+/* The size of each physical allocation that maps size bytes of growth: one for the whole, or,
+ * in a compacting pool, pieces of SOP_COMPACT_PIECE (at most SOP_COMPACT_PIECES of them), each
+ * given back on its own once idle. */
+static size_t
+piece_unit(struct sop_pool *pool, size_t size)
+{
+	size_t unit;
+
+	if (!atomic_load_explicit(&pool->compact, memory_order_relaxed))
+		return size;
+	unit = sop__round_up((size + SOP_COMPACT_PIECES - 1) / SOP_COMPACT_PIECES,
+			     pool->granularity);
+	return unit > SOP_COMPACT_PIECE ? unit : sop__round_up(SOP_COMPACT_PIECE, pool->granularity);
+}
+
+/* Map size bytes at va as pieces of seg (piece_unit), linked into seg as they are made; on a
+ * failure, what was made is unmapped, released and unlinked again. Pool lock held, context
+ * current. */
+static CUresult
+pieces_map(struct sop_pool *pool, struct sop__segment *seg, CUdeviceptr va, size_t size)
+{
+	size_t unit = piece_unit(pool, size), off, n = 0;
+	CUresult r = CUDA_SUCCESS;
+
+	for (off = 0; off < size; off += unit, n++) {
+		struct sop__piece *pc;
+
+		if (!pieces_reserve(seg) || !(pc = calloc(1, sizeof *pc))) {
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+			break;
+		}
+		pc->va = va + off;
+		pc->size = size - off < unit ? size - off : unit;
+		r = piece_map(pool, pc->va, pc->size, &pc->handle);
+		if (r != CUDA_SUCCESS) {
+			free(pc);
+			break;
+		}
+		piece_link(seg, pc);
+	}
+	if (r == CUDA_SUCCESS)
+		return r;
+	while (n--) {
+		struct sop__piece *pc = seg->pieces[piece_search(seg, va + n * unit)];
+
+		piece_unlink(seg, pc);
+		SOP_DRV(cuMemUnmap)(pc->va, pc->size);
+		SOP_DRV(cuMemRelease)(pc->handle);
+		free(pc);
+	}
+	return r;
+}
+
 static CUresult
 grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__block **out,
      struct sop__sstream **from)
@@ -1272,7 +1328,6 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 	struct sop__block *d[2] = {NULL, NULL}, *h, *b;
 	struct sop__segment *fresh = NULL, *seg;
 	struct sop__leaves lv = {0}; /* for the map slots of the two splits */
-	struct sop__piece *pc = NULL;
 	CUdeviceptr at;
 	struct plan pl;
 	CUresult r;
@@ -1289,10 +1344,9 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 	    !plan_make(pool, ss, size, false, &pl))
 		return CUDA_ERROR_OUT_OF_MEMORY;
 
-	pc = calloc(1, sizeof *pc);
 	d[0] = sop__block_new(pool);
 	d[1] = sop__block_new(pool);
-	if (!pc || !d[0] || !d[1] || !leaves_get(pool, &lv, 2, 2)) {
+	if (!d[0] || !d[1] || !leaves_get(pool, &lv, 2, 2)) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto fail;
 	}
@@ -1309,16 +1363,12 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 	}
 	h = pl.hole;
 	seg = h->seg;
-	if (!pieces_reserve(seg)) {
-		r = CUDA_ERROR_OUT_OF_MEMORY;
-		goto fail;
-	}
 	r = sop__pool_ctx_push(pool);
 	if (r != CUDA_SUCCESS)
 		goto fail;
 	for (;;) {
 		at = pl.at_end ? h->addr + h->size - pl.size : h->addr;
-		r = piece_map(pool, at, pl.size, &pc->handle);
+		r = pieces_map(pool, seg, at, pl.size);
 		/* The device cannot back the full step; it may still back the request. */
 		if (r != CUDA_ERROR_OUT_OF_MEMORY || pl.size == pl.least)
 			break;
@@ -1328,8 +1378,6 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 	if (r != CUDA_SUCCESS)
 		goto fail;
 
-	pc->va = at;
-	pc->size = pl.size;
 	sop__segment_lock(seg);
 	b = h;
 	if (at > h->addr) {
@@ -1338,14 +1386,13 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 	} else {
 		hole_unlink(pool, h);
 	}
-	if (b->size > pc->size) {
-		block_split(pool, b, d[k], pc->size, SOP_BLOCK_HOLE, &lv);
+	if (b->size > pl.size) {
+		block_split(pool, b, d[k], pl.size, SOP_BLOCK_HOLE, &lv);
 		hole_link(pool, d[k++]);
 	}
-	piece_link(seg, pc);
 	sop__lock_drop(&seg->lock);
 	leaves_put(pool, &lv, 0);
-	reserved_add(pool, pc->size);
+	reserved_add(pool, pl.size);
 	while (k < 2)
 		sop__block_delete(pool, d[k++]);
 	b = sop__heap_put(pool, b);
@@ -1361,7 +1408,6 @@ fail:
 		if (d[k])
 			sop__block_delete(pool, d[k]);
 	leaves_put(pool, &lv, 0);
-	free(pc);
 	return r;
 }
 

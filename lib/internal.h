@@ -36,6 +36,15 @@
 /* Physical memory is added at least this much at a time (the driver's pool grows in 32 MiB
  * steps), or what a larger request needs beyond the free memory next to where it goes. */
 #define SOP_SEGMENT_MIN ((size_t)32 << 20)
+/* A compacting pool (sop_pool_set_compaction) grows by at least this much, in physical
+ * allocations of this size, or of a sixteenth of the growth if that is more, so that more of
+ * its memory can go back idle (design.md, Compaction). */
+#define SOP_COMPACT_PIECE ((size_t)8 << 20)
+#define SOP_COMPACT_PIECES 16
+/* In a compacting pool, a request below this size that splits a block takes the
+ * lowest-addressed fit among the first SOP_COMPACT_PROBES its bins offer, not the first. */
+#define SOP_COMPACT_LOW_MAX ((size_t)2 << 20)
+#define SOP_COMPACT_PROBES 64
 /* Each pool reserves this many times the device's memory of virtual addresses. */
 #define SOP_VA_FACTOR 4
 /* Reservations are aligned to and sized in units of this, the registry's granule. */
@@ -218,6 +227,9 @@ struct sop__block *sop__bins_scan(struct sop__bins *bins, size_t size, unsigned 
 void sop__bins_remove(struct sop__bins *bins, struct sop__block *b);
 /* A block of at least size bytes in O(1): the head of the first list whose every block fits. */
 struct sop__block *sop__bins_find(struct sop__bins *bins, size_t size);
+/* The lowest-addressed of the first probes blocks, from the first list whose every block fits
+ * onwards, or NULL if none fits. */
+struct sop__block *sop__bins_find_lowest(struct sop__bins *bins, size_t size, unsigned probes);
 /* The hot path's search: a block of at least size and at most limit bytes, looking first at a
  * few blocks of size's own list (where an equal-size block freed a moment ago sits), then at the
  * head of the next non-empty list. NULL if none is found that cheaply. */
@@ -623,6 +635,7 @@ struct sop_pool {
 	size_t va_size;
 	_Atomic(uintptr_t) *map_dir; /* the block map, an entry per 64 KiB (heap.c) */
 	atomic_int reuse_follow, reuse_opportunistic, reuse_internal;
+	atomic_bool compact; /* sop_pool_set_compaction */
 	SOP_PAD(pad0);
 
 	/* Written under the pool lock. */

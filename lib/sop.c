@@ -129,6 +129,32 @@ sop_pool_get_free_extents(sop_pool_t pool, size_t *largest, size_t *total)
 }
 
 SOP_API CUresult
+sop_pool_set_compaction(sop_pool_t pool, int enable)
+{
+	CUresult r = sop__init();
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!pool_usable(pool) || (enable != 0 && enable != 1))
+		return CUDA_ERROR_INVALID_VALUE;
+	atomic_store(&pool->compact, enable == 1);
+	return CUDA_SUCCESS;
+}
+
+SOP_API CUresult
+sop_pool_get_compaction(sop_pool_t pool, int *enabled)
+{
+	CUresult r = sop__init();
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!pool_usable(pool) || !enabled)
+		return CUDA_ERROR_INVALID_VALUE;
+	*enabled = atomic_load(&pool->compact);
+	return CUDA_SUCCESS;
+}
+
+SOP_API CUresult
 sop_trim_to(sop_pool_t pool, size_t min_bytes_to_keep)
 {
 	CUresult r = sop__init();

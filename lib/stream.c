@@ -798,6 +798,18 @@ cache_remove(struct sop__sstream *ss, struct sop__block *b)
 	return b;
 }
 
+/* The block a request of size bytes splits in bins when none fits closely: the first fit, or,
+ * in a compacting pool, for a small request, the lowest-addressed of the first few fits, which
+ * gathers small blocks at low addresses and leaves longer free runs elsewhere. */
+static inline struct sop__block *
+split_fit(struct sop_pool *pool, struct sop__bins *bins, size_t size)
+{
+	if (size < SOP_COMPACT_LOW_MAX &&
+	    atomic_load_explicit(&pool->compact, memory_order_relaxed))
+		return sop__bins_find_lowest(bins, size, SOP_COMPACT_PROBES);
+	return sop__bins_find(bins, size);
+}
+
 /* Requests up to this size take heap memory from the stream's own segments first; larger ones
  * take the best fit wherever it is, since for them placement is what keeps the pool small. */
 #define HOME_MAX ((size_t)8 << 20)
@@ -824,7 +836,7 @@ pick_nobodys(const struct sop__block *b, const void *ss)
 static struct sop__block *
 heap_pick(struct sop_pool *pool, struct sop__sstream *ss, size_t size, bool *crowded)
 {
-	struct sop__block *b = sop__bins_find(&pool->heap, size), *h;
+	struct sop__block *b = split_fit(pool, &pool->heap, size), *h;
 	unsigned own = HOME_PROBES, nobodys = HOME_PROBES;
 
 	*crowded = false;
@@ -843,16 +855,19 @@ heap_pick(struct sop_pool *pool, struct sop__sstream *ss, size_t size, bool *cro
 	return b;
 }
 
-/* The smaller of the best fits in the stream's cache and in the heap (heap_pick), taken out of
- * its bins; *from says which (NULL: the heap). Pool lock held. */
+/* The better of the fits in the stream's cache and in the heap (heap_pick): the smaller, or,
+ * where split_fit looks for low addresses, the lower. Taken out of its bins; *from says which
+ * (NULL: the heap). Pool lock held. */
 static struct sop__block *
 best_take_locked(struct sop_pool *pool, struct sop__sstream *ss, size_t size,
 		 struct sop__sstream **from, bool *crowded)
 {
 	struct sop__block *mine, *any = heap_pick(pool, ss, size, crowded);
+	bool low = size < SOP_COMPACT_LOW_MAX &&
+		   atomic_load_explicit(&pool->compact, memory_order_relaxed);
 
-	mine = sop__bins_find(&ss->cache, size);
-	if (mine && (!any || mine->size <= any->size)) {
+	mine = split_fit(pool, &ss->cache, size);
+	if (mine && (!any || (low ? mine->addr <= any->addr : mine->size <= any->size))) {
 		cache_remove(ss, mine);
 		*from = ss;
 		*crowded = false;
@@ -1037,7 +1052,7 @@ sop__alloc(struct sop_pool *pool, CUstream stream, size_t req, void **ptr)
 				/* Else it splits the stream's own memory, the first fit in its
 				 * cache (which its frees keep merged), unless the heap may hold a
 				 * tighter fit: then the slow path weighs both. */
-				b = sop__bins_find(&ss->cache, size);
+				b = split_fit(pool, &ss->cache, size);
 				if (b && (sop__bins_hint_smaller(&pool->heap, size, b->size) ||
 					  !sop__block_carve_own(pool, ss, b, size)))
 					b = NULL;

@@ -135,6 +135,7 @@ check_grow(void *arg, CUresult r)
 		TH_ASSERT(g->p == (void *)0x1);
 		TH_EQ(th_attr(g->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), g->used);
 		TH_EQ(th_attr(g->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), g->reserved);
+		live_same(__LINE__);
 	}
 }
 
@@ -312,6 +313,11 @@ main(void)
 	}
 	base = th_live(); /* now with the pool's reservation, context and anchor */
 	sweep("grow", grow_entries, NULL, op_grow, check_grow, &g, false);
+	/* A compacting pool maps the same growth as five pieces: a failure at any of them takes
+	 * back the ones made before it. */
+	TH_OK(sop_pool_set_compaction(g.pool, 1));
+	sweep("grow-compact", grow_entries, NULL, op_grow, check_grow, &g, false);
+	TH_OK(sop_pool_set_compaction(g.pool, 0));
 	sweep("trim", trim_entries, prep_trim, op_trim, check_trim, &g, false);
 	keep = 0;
 	TH_OK(sop_pool_set_attr(g.pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));

@@ -312,6 +312,146 @@ middle_piece(CUstream s, enum sides pending)
 	TH_OK(sop_pool_destroy(pool));
 }
 
+/* A compacting pool: the setting and its bad input, growth in 8 MiB pieces (sixteenth parts of
+ * a growth past 128 MiB), each given back on its own, where a pool without compaction holds
+ * the same blocks in one piece it cannot give back. */
+static void
+compaction_pieces(CUstream s)
+{
+	sop_pool_t pool = th_pool(0, 0), plain = th_pool(0, 0), gone = th_pool(0, 0);
+	cuuint64_t keep = UINT64_MAX;
+	void *a, *b, *c, *d, *e, *pa, *pb, *pc;
+	unsigned long c0;
+	int on = 7;
+
+	TH_OK(sop_pool_get_compaction(pool, &on));
+	TH_EQ(on, 0);
+	TH_EQ(sop_pool_set_compaction(pool, 2), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(sop_pool_set_compaction(pool, -1), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(sop_pool_set_compaction(NULL, 1), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(sop_pool_get_compaction(pool, NULL), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(sop_pool_get_compaction(NULL, &on), CUDA_ERROR_INVALID_VALUE);
+	TH_OK(sop_pool_destroy(gone));
+	TH_EQ(sop_pool_set_compaction(gone, 1), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(sop_pool_get_compaction(gone, &on), CUDA_ERROR_INVALID_VALUE);
+	TH_OK(sop_pool_get_compaction(pool, &on));
+	TH_EQ(on, 0);
+	TH_OK(sop_pool_set_compaction(pool, 1));
+	TH_OK(sop_pool_get_compaction(pool, &on));
+	TH_EQ(on, 1);
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	TH_OK(sop_pool_set_attr(plain, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+
+	/* Three 8 MiB blocks: a piece each, at contiguous addresses. */
+	c0 = creates();
+	TH_OK(sop_malloc_from_pool_async(&a, 8 * MiB, pool, s));
+	TH_EQ(reserved(pool), 8 * MiB);
+	TH_OK(sop_malloc_from_pool_async(&b, 8 * MiB, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&c, 8 * MiB, pool, s));
+	TH_EQ(reserved(pool), 24 * MiB);
+	TH_EQ(n_pieces(pool), 3);
+	TH_CREATES(c0, 3);
+	TH_EQ((char *)b - (char *)a, (long)(8 * MiB));
+	TH_EQ((char *)c - (char *)b, (long)(8 * MiB));
+	/* 40 MiB maps five pieces; 300 MiB fifteen of 20 MiB (a sixteenth, in whole granules). */
+	c0 = creates();
+	TH_OK(sop_malloc_from_pool_async(&d, 40 * MiB, pool, s));
+	TH_EQ(reserved(pool), 64 * MiB);
+	TH_EQ(n_pieces(pool), 8);
+	TH_CREATES(c0, 5);
+	TH_OK(sop_malloc_from_pool_async(&e, 300 * MiB, pool, s));
+	TH_EQ(reserved(pool), 364 * MiB);
+	TH_EQ(n_pieces(pool), 23);
+	TH_CREATES(c0, 20);
+	TH_CHECK(pool);
+	th_fill(d, 40 * MiB, 0xddddddddu, s);
+	th_fill(e, 300 * MiB, 0xeeeeeeeeu, s);
+
+	/* b's piece, idle between two live blocks, goes back alone. */
+	TH_OK(sop_free_async(b, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_OK(sop_trim_to(pool, 0));
+	TH_EQ(reserved(pool), 356 * MiB);
+	TH_EQ(n_pieces(pool), 22);
+	live(pool, a);
+	live(pool, c);
+	TH_ASSERT(th_verify(d, 40 * MiB, 0xddddddddu, s));
+	TH_ASSERT(th_verify(e, 300 * MiB, 0xeeeeeeeeu, s));
+	TH_CHECK(pool);
+	/* Without compaction the three share one 32 MiB piece, which b's free leaves in use. */
+	TH_OK(sop_malloc_from_pool_async(&pa, 8 * MiB, plain, s));
+	TH_OK(sop_malloc_from_pool_async(&pb, 8 * MiB, plain, s));
+	TH_OK(sop_malloc_from_pool_async(&pc, 8 * MiB, plain, s));
+	TH_EQ(reserved(plain), STEP);
+	TH_EQ(n_pieces(plain), 1);
+	TH_OK(sop_free_async(pb, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_OK(sop_trim_to(plain, 0));
+	TH_EQ(reserved(plain), STEP);
+	TH_OK(sop_free_async(pa, s));
+	TH_OK(sop_free_async(pc, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_OK(sop_pool_destroy(plain));
+
+	/* Turned off, growth maps one piece again, a step at least. */
+	TH_OK(sop_pool_set_compaction(pool, 0));
+	c0 = creates();
+	TH_OK(sop_malloc_from_pool_async(&b, 40 * MiB, pool, s));
+	TH_CREATES(c0, 1);
+	TH_CHECK(pool);
+	TH_OK(sop_free_async(b, s));
+	TH_OK(sop_free_async(d, s));
+	TH_OK(sop_free_async(e, s));
+	TH_OK(sop_free_async(a, s));
+	TH_OK(sop_free_async(c, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_OK(sop_trim_to(pool, 0));
+	TH_EQ(reserved(pool), 0);
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+}
+
+/* In a compacting pool, a small request that splits takes the lowest-addressed fit, from the
+ * stream's own pending memory (hot path) and from the heap (slow path); without compaction, the
+ * smallest. */
+static void
+compaction_placement(CUstream s, bool compact)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	cuuint64_t keep = UINT64_MAX;
+	void *p0, *p1, *p2, *big, *sm, *x;
+	CUstream s2 = th_stream();
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	TH_OK(sop_pool_set_compaction(pool, compact));
+	/* p0 | big 1 MiB | p1 | sm 256 KiB | p2 | the rest of the piece, free */
+	TH_OK(sop_malloc_from_pool_async(&p0, 64 << 10, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&big, 1 * MiB, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&p1, 64 << 10, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&sm, 256 << 10, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&p2, 64 << 10, pool, s));
+	TH_ASSERT((char *)big < (char *)sm && (char *)sm < (char *)p2);
+	/* Pending on s: s's own memory. */
+	TH_OK(sop_free_async(big, s));
+	TH_OK(sop_free_async(sm, s));
+	TH_OK(sop_malloc_from_pool_async(&x, 200 << 10, pool, s));
+	TH_ASSERT(x == (compact ? big : sm));
+	TH_OK(sop_free_async(x, s));
+	/* Known complete, in the heap: another stream's request. */
+	TH_OK(sop_stream_synchronize(s));
+	TH_OK(sop_malloc_from_pool_async(&x, 200 << 10, pool, s2));
+	TH_ASSERT(x == (compact ? big : sm));
+	TH_CHECK(pool);
+	TH_OK(sop_free_async(x, s2));
+	TH_OK(sop_free_async(p0, s));
+	TH_OK(sop_free_async(p1, s));
+	TH_OK(sop_free_async(p2, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_OK(sop_stream_synchronize(s2));
+	TH_OK(sop_pool_destroy(pool));
+	th_stream_destroy(s2);
+}
+
 int
 main(void)
 {
@@ -325,6 +465,9 @@ main(void)
 	middle_piece(s, DONE);
 	middle_piece(s, RIGHT);
 	middle_piece(s, BOTH);
+	compaction_pieces(s);
+	compaction_placement(s, false);
+	compaction_placement(s, true);
 	th_stream_destroy(s);
 	printf("pieces: ok\n");
 	return 0;

@@ -1,9 +1,9 @@
 /* threads.c - several threads on several streams allocating and freeing at once: each thread
  * works on its own stream with a random mix of sizes, tags every block with work on its stream
  * and checks the tag before freeing it; some blocks are handed to a neighbour thread, which
- * frees them on its own stream after waiting on an event. At the end the pool is consistent and
- * its accounting adds up, and its free extents read in passing never pass what it holds. Run
- * under ThreadSanitizer in CI. */
+ * frees them on its own stream after waiting on an event; threads turn compaction on and off as
+ * they go. At the end the pool is consistent and its accounting adds up, and its free extents
+ * read in passing never pass what it holds. Run under ThreadSanitizer in CI. */
 #include <string.h>
 
 #include "helpers.h"
@@ -104,6 +104,15 @@ worker(void *arg)
 			TH_OK(sop_pool_get_free_extents(pool, &largest, &total));
 			if (largest > total ||
 			    total > th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH))
+				atomic_fetch_add(&bad, 1);
+		}
+		if (i % 250 == me) {
+			/* Compaction on and off while the others grow and place. */
+			int on = -1;
+
+			TH_OK(sop_pool_set_compaction(pool, (i / 250 + me) & 1));
+			TH_OK(sop_pool_get_compaction(pool, &on));
+			if (on != 0 && on != 1)
 				atomic_fetch_add(&bad, 1);
 		}
 		if (i % 500 == 0)
