@@ -240,6 +240,63 @@ random_leftovers(const struct side *sd, struct random_state *st, CUstream s)
 	CHECK(side_sync(sd, s));
 }
 
+/* One case of wl_random: fresh pools (sop alone with compaction on, if compact), an untimed
+ * run for the memory ratio, then the timed repetitions. */
+static void
+random_case(struct random_state *st, long n_allocs, size_t max_mib, size_t max_usage,
+	    size_t pool_cap, bool compact, CUstream s)
+{
+	size_t max_size = max_mib * MiB;
+	struct side sd[N_SIDES];
+	int n = sides_open(sd, compact ? SIDE_BIT(SIDE_SOP) : SOP_AND_POOL, UINT64_MAX, pool_cap);
+	struct metric *m, *mem;
+	long failed[N_SIDES] = {0};
+	char cas[48];
+	int r, i;
+
+	snprintf(cas, sizeof cas, "sizes 1 B..%zu MiB%s", max_mib, compact ? ", sop compacting" : "");
+	m = metric_new("random", "", cas, "throughput", "M ops/s", (double)max_mib, true);
+	mem = metric_new("random", "", cas, "reserved-high / peak live", "x", (double)max_mib,
+			 false);
+	for (i = 0; i < n; i++)
+		if (compact)
+			CHECK(sop_pool_set_compaction(sd[i].sop, 1));
+	/* The untimed warm run, on fresh pools, gives the memory figure. */
+	for (i = 0; i < n; i++) {
+		st->peak = 0;
+		st->failed = 0;
+		random_run(&sd[i], n_allocs, max_size, max_usage, st, s);
+		random_leftovers(&sd[i], st, s);
+		metric_add(mem, sd[i].kind,
+			   (double)side_attr(&sd[i], CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) /
+			       (double)(st->peak ? st->peak : 1));
+		failed[sd[i].kind] += st->failed;
+	}
+	for (r = 0; r < opts.reps; r++) {
+		for (i = 0; i < n; i++) {
+			double ops = 2.0 * (double)n_allocs;
+			struct span sp;
+			double t;
+
+			st->failed = 0;
+			span_begin(&sp, sd[i].kind);
+			random_run(&sd[i], n_allocs, max_size, max_usage, st, s);
+			t = span_end(&sp, m, ops);
+			metric_add(m, sd[i].kind, ops / t * 1e3);
+			failed[sd[i].kind] += st->failed;
+			random_leftovers(&sd[i], st, s);
+		}
+	}
+	metric_done(m);
+	metric_done(mem);
+	for (i = 0; i < n; i++)
+		if (failed[sd[i].kind])
+			note("random %s: %ld allocations failed on %s (out of memory), "
+			     "turned into frees as in RMM",
+			     cas, failed[sd[i].kind], side_names[sd[i].kind]);
+	sides_close(sd, n);
+}
+
 void
 wl_random(void)
 {
@@ -256,8 +313,7 @@ wl_random(void)
 	size_t pool_cap = env.free_mem / 5 * 2 / (32 * MiB) * (32 * MiB);
 	struct random_state st;
 	CUstream s = stream_new();
-	char cas[32];
-	int c, r, i;
+	int c;
 
 	memset(&st, 0, sizeof st);
 	st.live = xcalloc((size_t)n_allocs, sizeof *st.live);
@@ -265,54 +321,17 @@ wl_random(void)
 		 "sizes uniform in 1 B..M MiB, live bytes capped at %zu MiB (RMM: 16000 MiB; here "
 		 "two warm pools share the device, each with maxSize %zu MiB), a fixed splitmix64 "
 		 "sequence (not libstdc++'s minstd_rand0). Fresh pools per case; the untimed first "
-		 "run on them gives the memory ratio.",
+		 "run on them gives the memory ratio. The compacting case, after the others, is sop "
+		 "alone with sop_pool_set_compaction on, at the largest size up to 64 MiB.",
 		 n_allocs, max_usage / MiB, pool_cap / MiB);
-	for (c = 0; c < ml.n && budget_left("random"); c++) {
-		size_t max_size = ml.v[c] * MiB;
-		struct side sd[N_SIDES];
-		int n = sides_open(sd, SOP_AND_POOL, UINT64_MAX, pool_cap);
-		struct metric *m, *mem;
-		long failed[N_SIDES] = {0};
-
-		snprintf(cas, sizeof cas, "sizes 1 B..%zu MiB", ml.v[c]);
-		m = metric_new("random", "", cas, "throughput", "M ops/s", (double)ml.v[c], true);
-		mem = metric_new("random", "", cas, "reserved-high / peak live", "x",
-				 (double)ml.v[c], false);
-		/* The untimed warm run, on fresh pools, gives the memory figure. */
-		for (i = 0; i < n; i++) {
-			st.peak = 0;
-			st.failed = 0;
-			random_run(&sd[i], n_allocs, max_size, max_usage, &st, s);
-			random_leftovers(&sd[i], &st, s);
-			metric_add(mem, sd[i].kind,
-				   (double)side_attr(&sd[i], CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) /
-				       (double)(st.peak ? st.peak : 1));
-			failed[sd[i].kind] += st.failed;
+	for (c = 0; c < ml.n && budget_left("random"); c++)
+		random_case(&st, n_allocs, ml.v[c], max_usage, pool_cap, false, s);
+	/* What compaction costs a pool that stays at its cap. */
+	for (c = ml.n - 1; c >= 0; c--)
+		if (ml.v[c] <= 64 && side_allowed(SIDE_SOP) && budget_left("random")) {
+			random_case(&st, n_allocs, ml.v[c], max_usage, pool_cap, true, s);
+			break;
 		}
-		for (r = 0; r < opts.reps; r++) {
-			for (i = 0; i < n; i++) {
-				double ops = 2.0 * (double)n_allocs;
-				struct span sp;
-				double t;
-
-				st.failed = 0;
-				span_begin(&sp, sd[i].kind);
-				random_run(&sd[i], n_allocs, max_size, max_usage, &st, s);
-				t = span_end(&sp, m, ops);
-				metric_add(m, sd[i].kind, ops / t * 1e3);
-				failed[sd[i].kind] += st.failed;
-				random_leftovers(&sd[i], &st, s);
-			}
-		}
-		metric_done(m);
-		metric_done(mem);
-		for (i = 0; i < n; i++)
-			if (failed[sd[i].kind])
-				note("random %s: %ld allocations failed on %s (out of memory), "
-				     "turned into frees as in RMM",
-				     cas, failed[sd[i].kind], side_names[sd[i].kind]);
-		sides_close(sd, n);
-	}
 	free(st.live);
 	stream_free(s);
 }
@@ -879,32 +898,41 @@ frag_run(const struct side *sd, uint64_t seed, long iters, size_t cap, CUstream 
 void
 wl_fragmentation(void)
 {
-	static const enum side_kind kinds[] = {SIDE_SOP, SIDE_POOL};
+	/* sop as it comes, sop with compaction on (a case of its own), the driver's pool. */
+	static const struct {
+		enum side_kind kind;
+		bool compact;
+	} runs[] = {{SIDE_SOP, false}, {SIDE_SOP, true}, {SIDE_POOL, false}};
 	long iters = scaled(200000, 50000, 2000);
 	size_t cap = mem_cap(8 * GiB, 4);
 	/* Each repetition builds fresh pools from nothing: a few are enough. */
 	int reps = opts.reps < 5 ? opts.reps : 5;
 	CUstream s = stream_new();
-	struct metric *ratio_m, *high_m, *time_m, *extent_m;
-	long failed[N_SIDES] = {0};
-	char cas[48], label[32];
-	int r, i;
+	struct metric *ratio_m[2], *high_m[2], *time_m[2], *extent_m[2];
+	long failed[N_SIDES] = {0}, failed_compact = 0;
+	char cas[2][64], label[32];
+	int r, i, c;
 
-	snprintf(cas, sizeof cas, "<= %s live", fmt_size(label, sizeof label, cap));
+	snprintf(cas[0], sizeof cas[0], "<= %s live", fmt_size(label, sizeof label, cap));
+	snprintf(cas[1], sizeof cas[1], "<= %s live, sop compacting", label);
 	describe("anchor.c's mempool_behaviour on fresh pools: %ld steps over 512 slots, each "
 		 "freeing a taken slot or filling an empty one with 2^e + U[0, 2^e) bytes (e in "
 		 "0..26), live bytes capped; a new seed per repetition (at most 5). The largest "
 		 "free extent over total free is read when the steps are done, before the blocks "
 		 "still live are freed, from sop_pool_get_free_extents (free and pending memory "
-		 "alike); the driver's pool has no way to tell it.",
+		 "alike); the driver's pool has no way to tell it. The compacting case is sop "
+		 "with sop_pool_set_compaction on, on the same seeds.",
 		 iters);
-	ratio_m = metric_new("fragmentation", "", cas, "reserved-high / peak live", "x", 0, false);
-	high_m = metric_new("fragmentation", "", cas, "reserved-high", "MiB", 0, false);
-	time_m = metric_new("fragmentation", "", cas, "time", "ns/op", 0, false);
-	extent_m = metric_new("fragmentation", "", cas, "largest free extent / total free", "x", 0,
-			      true);
+	for (c = 0; c < 2; c++) {
+		ratio_m[c] = metric_new("fragmentation", "", cas[c], "reserved-high / peak live", "x",
+					0, false);
+		high_m[c] = metric_new("fragmentation", "", cas[c], "reserved-high", "MiB", 0, false);
+		time_m[c] = metric_new("fragmentation", "", cas[c], "time", "ns/op", 0, false);
+		extent_m[c] = metric_new("fragmentation", "", cas[c],
+					 "largest free extent / total free", "x", 0, true);
+	}
 	for (r = 0; r < reps && budget_left("fragmentation"); r++) {
-		for (i = 0; i < N_OF(kinds); i++) {
+		for (i = 0; i < N_OF(runs); i++) {
 			struct side sd;
 			struct span sp;
 			struct live slot[FRAG_SLOTS];
@@ -912,18 +940,21 @@ wl_fragmentation(void)
 			uint64_t high;
 			int k;
 
-			if (!side_allowed(kinds[i]) || !side_open(&sd, kinds[i], UINT64_MAX, 0))
+			c = runs[i].compact;
+			if (!side_allowed(runs[i].kind) || !side_open(&sd, runs[i].kind, UINT64_MAX, 0))
 				continue;
+			if (c)
+				CHECK(sop_pool_set_compaction(sd.sop, 1));
 			span_begin(&sp, sd.kind);
 			frag_run(&sd, 1000 + (uint64_t)r, iters, cap, s, slot, &peak,
-				 &failed[sd.kind]);
-			metric_add(time_m, sd.kind,
-				   span_end(&sp, time_m, (double)iters) / (double)iters);
+				 c ? &failed_compact : &failed[sd.kind]);
+			metric_add(time_m[c], sd.kind,
+				   span_end(&sp, time_m[c], (double)iters) / (double)iters);
 			/* Before the blocks still live go. */
 			if (sd.kind == SIDE_SOP) {
 				CHECK(sop_pool_get_free_extents(sd.sop, &largest, &total));
 				if (total)
-					metric_add(extent_m, sd.kind,
+					metric_add(extent_m[c], sd.kind,
 						   (double)largest / (double)total);
 			}
 			for (k = 0; k < FRAG_SLOTS; k++)
@@ -931,20 +962,26 @@ wl_fragmentation(void)
 					CHECK(side_free(&sd, slot[k].p, s));
 			CHECK(side_ctx_sync(&sd));
 			high = side_attr(&sd, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH);
-			metric_add(ratio_m, sd.kind, (double)high / (double)(peak ? peak : 1));
-			metric_add(high_m, sd.kind, (double)high / (double)MiB);
+			metric_add(ratio_m[c], sd.kind, (double)high / (double)(peak ? peak : 1));
+			metric_add(high_m[c], sd.kind, (double)high / (double)MiB);
 			side_close(&sd);
 		}
 	}
-	metric_done(ratio_m);
-	metric_done(high_m);
-	metric_done(time_m);
-	metric_done(extent_m);
+	for (c = 0; c < 2; c++) {
+		metric_done(ratio_m[c]);
+		metric_done(high_m[c]);
+		metric_done(time_m[c]);
+		metric_done(extent_m[c]);
+	}
 	for (i = 0; i < N_SIDES; i++)
 		if (failed[i])
 			note("fragmentation: %ld allocations failed on %s (out of memory) and were "
 			     "skipped",
 			     failed[i], side_names[i]);
+	if (failed_compact)
+		note("fragmentation: %ld allocations failed on sop compacting (out of memory) and "
+		     "were skipped",
+		     failed_compact);
 	stream_free(s);
 }
 
