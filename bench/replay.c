@@ -352,6 +352,53 @@ replay_leftovers(const struct side *sd, const struct trace *t, void **slots, con
 	CHECK(side_ctx_sync(sd));
 }
 
+/* The trace again on a fresh sop pool with compaction on: what the setting does to a real
+ * program's memory and time (a case of its own; the driver's pools have no such setting). */
+static void
+replay_compacting(struct trace *t, void **slots, CUstream *st, const char *label, bool tight)
+{
+	struct metric *time_m, *high_m, *ratio_m;
+	char cas[128];
+	struct side sd;
+	uint64_t high;
+	long failed;
+	int r;
+
+	if (!side_open(&sd, SIDE_SOP, UINT64_MAX, 0))
+		return;
+	CHECK(sop_pool_set_compaction(sd.sop, 1));
+	snprintf(cas, sizeof cas, "%s, sop compacting", label);
+	time_m = metric_new("replay", "", cas, "time", "ns/op", (double)t->n_ops, false);
+	high_m = metric_new("replay", "", cas, "reserved-high", "MiB", (double)t->n_ops, false);
+	ratio_m = metric_new("replay", "", cas, "reserved-high / peak live", "x", (double)t->n_ops,
+			     false);
+	failed = replay_run(&sd, t, slots, st, NULL, 1, NULL);
+	replay_leftovers(&sd, t, slots, st);
+	high = side_attr(&sd, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH);
+	metric_add(high_m, SIDE_SOP, (double)high / (double)MiB);
+	metric_add(ratio_m, SIDE_SOP, (double)high / (double)(t->peak ? t->peak : 1));
+	if (tight)
+		side_trim(&sd, 0);
+	for (r = 0; r < opts.reps; r++) {
+		struct span sp;
+
+		span_begin(&sp, SIDE_SOP);
+		failed += replay_run(&sd, t, slots, st, NULL, 1, NULL);
+		metric_add(time_m, SIDE_SOP, span_end(&sp, time_m, (double)t->n_ops) / (double)t->n_ops);
+		replay_leftovers(&sd, t, slots, st);
+		if (tight)
+			side_trim(&sd, 0);
+	}
+	metric_done(time_m);
+	metric_done(high_m);
+	metric_done(ratio_m);
+	if (failed)
+		note("replay %s: %ld allocations failed on sop compacting (out of memory) and were "
+		     "skipped",
+		     t->name, failed);
+	side_close(&sd);
+}
+
 static void
 replay_trace(const char *path)
 {
@@ -464,6 +511,8 @@ replay_trace(const char *path)
 		fclose(f);
 	}
 	sides_close(sd, n);
+	if (side_allowed(SIDE_SOP) && budget_left("replay"))
+		replay_compacting(&t, slots, st, label, tight);
 	for (i = 0; i < t.n_streams; i++)
 		stream_free(st[i]);
 	for (i = 0; i < N_SIDES; i++)
