@@ -158,8 +158,9 @@ CUresult sop_pool_get_free_extents(sop_pool_t pool, size_t *largest, size_t *tot
 /* Compaction, which the driver's pools do not have: a pool with it on (enable 1) trades mapping
  * calls for memory. It grows in physical allocations of 8 MiB (larger ones only for growth of
  * more than 128 MiB), so that more of its free memory is whole allocations it can give back
- * when it grows elsewhere, and its small requests (below 2 MiB) split the lowest-addressed of
- * the blocks that fit rather than the smallest. A pool whose live memory rises and falls then
+ * when it grows elsewhere, and, while it is used from one thread, its small requests (below
+ * 2 MiB) split the lowest-addressed of the blocks that fit rather than the smallest. A pool
+ * whose live memory rises and falls then
  * reserves less at its peak; one that stays at the same size with scattered free memory may
  * give back and map memory at nearly every growth, each costing tens of microseconds (design.md,
  * Compaction). Off (0) by default; the setting applies to later growth and placement. Returns

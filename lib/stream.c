@@ -801,11 +801,18 @@ cache_remove(struct sop__sstream *ss, struct sop__block *b)
 /* The block a request of size bytes splits in bins when none fits closely: the first fit, or,
  * in a compacting pool, for a small request, the lowest-addressed of the first few fits, which
  * gathers small blocks at low addresses and leaves longer free runs elsewhere. */
+static inline bool
+place_low(struct sop_pool *pool, size_t size)
+{
+	return size < SOP_COMPACT_LOW_MAX &&
+	       atomic_load_explicit(&pool->compact, memory_order_relaxed) &&
+	       !atomic_load_explicit(&pool->threads_met, memory_order_relaxed);
+}
+
 static inline struct sop__block *
 split_fit(struct sop_pool *pool, struct sop__bins *bins, size_t size)
 {
-	if (size < SOP_COMPACT_LOW_MAX &&
-	    atomic_load_explicit(&pool->compact, memory_order_relaxed))
+	if (place_low(pool, size))
 		return sop__bins_find_lowest(bins, size, SOP_COMPACT_PROBES);
 	return sop__bins_find(bins, size);
 }
@@ -863,8 +870,7 @@ best_take_locked(struct sop_pool *pool, struct sop__sstream *ss, size_t size,
 		 struct sop__sstream **from, bool *crowded)
 {
 	struct sop__block *mine, *any = heap_pick(pool, ss, size, crowded);
-	bool low = size < SOP_COMPACT_LOW_MAX &&
-		   atomic_load_explicit(&pool->compact, memory_order_relaxed);
+	bool low = place_low(pool, size);
 
 	mine = split_fit(pool, &ss->cache, size);
 	if (mine && (!any || (low ? mine->addr <= any->addr : mine->size <= any->size))) {

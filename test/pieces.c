@@ -413,14 +413,16 @@ compaction_pieces(CUstream s)
 
 /* In a compacting pool, a small request that splits takes the lowest-addressed fit, from the
  * stream's own pending memory (hot path) and from the heap (slow path); without compaction, the
- * smallest. */
+ * smallest; and once threads have met in the pool (met), the smallest again: placement then
+ * follows segment affinity, and the search would lengthen every thread's hold of the locks. */
 static void
-compaction_placement(CUstream s, bool compact)
+compaction_placement(CUstream s, bool compact, bool met)
 {
 	sop_pool_t pool = th_pool(0, 0);
 	cuuint64_t keep = UINT64_MAX;
 	void *p0, *p1, *p2, *big, *sm, *x;
 	CUstream s2 = th_stream();
+	bool low = compact && !met;
 
 	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
 	TH_OK(sop_pool_set_compaction(pool, compact));
@@ -431,18 +433,21 @@ compaction_placement(CUstream s, bool compact)
 	TH_OK(sop_malloc_from_pool_async(&sm, 256 << 10, pool, s));
 	TH_OK(sop_malloc_from_pool_async(&p2, 64 << 10, pool, s));
 	TH_ASSERT((char *)big < (char *)sm && (char *)sm < (char *)p2);
+	if (met)
+		atomic_store(&pool->threads_met, true);
 	/* Pending on s: s's own memory. */
 	TH_OK(sop_free_async(big, s));
 	TH_OK(sop_free_async(sm, s));
 	TH_OK(sop_malloc_from_pool_async(&x, 200 << 10, pool, s));
-	TH_ASSERT(x == (compact ? big : sm));
+	TH_ASSERT(x == (low ? big : sm));
 	TH_OK(sop_free_async(x, s));
-	/* Known complete, in the heap: another stream's request. */
+	/* Known complete, in the heap: another stream's request, or, once threads have met, the
+	 * same stream's (another stream would grow a segment of its own rather than share s's). */
 	TH_OK(sop_stream_synchronize(s));
-	TH_OK(sop_malloc_from_pool_async(&x, 200 << 10, pool, s2));
-	TH_ASSERT(x == (compact ? big : sm));
+	TH_OK(sop_malloc_from_pool_async(&x, 200 << 10, pool, met ? s : s2));
+	TH_ASSERT(x == (low ? big : sm));
 	TH_CHECK(pool);
-	TH_OK(sop_free_async(x, s2));
+	TH_OK(sop_free_async(x, met ? s : s2));
 	TH_OK(sop_free_async(p0, s));
 	TH_OK(sop_free_async(p1, s));
 	TH_OK(sop_free_async(p2, s));
@@ -466,8 +471,9 @@ main(void)
 	middle_piece(s, RIGHT);
 	middle_piece(s, BOTH);
 	compaction_pieces(s);
-	compaction_placement(s, false);
-	compaction_placement(s, true);
+	compaction_placement(s, false, false);
+	compaction_placement(s, true, false);
+	compaction_placement(s, true, true);
 	th_stream_destroy(s);
 	printf("pieces: ok\n");
 	return 0;
