@@ -41,8 +41,9 @@
  * its memory can go back idle (design.md, Compaction). */
 #define SOP_COMPACT_PIECE ((size_t)8 << 20)
 #define SOP_COMPACT_PIECES 16
-/* In a compacting pool, a request below this size that splits a block takes the
- * lowest-addressed fit among the first SOP_COMPACT_PROBES its bins offer, not the first. */
+/* In a compacting pool used from one thread, a request below this size that splits a block
+ * takes the lowest-addressed fit among the first SOP_COMPACT_PROBES its bins offer, not the
+ * first. */
 #define SOP_COMPACT_LOW_MAX ((size_t)2 << 20)
 #define SOP_COMPACT_PROBES 64
 /* Each pool reserves this many times the device's memory of virtual addresses. */

@@ -798,9 +798,9 @@ cache_remove(struct sop__sstream *ss, struct sop__block *b)
 	return b;
 }
 
-/* The block a request of size bytes splits in bins when none fits closely: the first fit, or,
- * in a compacting pool, for a small request, the lowest-addressed of the first few fits, which
- * gathers small blocks at low addresses and leaves longer free runs elsewhere. */
+/* Whether a request of size bytes splits the lowest-addressed fit rather than the smallest: a
+ * small request in a compacting pool that threads have not met in (once they have, placement
+ * follows segment affinity, and the search would hold the locks longer on every thread). */
 static inline bool
 place_low(struct sop_pool *pool, size_t size)
 {
@@ -809,6 +809,9 @@ place_low(struct sop_pool *pool, size_t size)
 	       !atomic_load_explicit(&pool->threads_met, memory_order_relaxed);
 }
 
+/* The block a request of size bytes splits in bins when none fits closely: the first fit, or,
+ * where place_low says so, the lowest-addressed of the first few fits, which gathers small
+ * blocks at low addresses and leaves longer free runs elsewhere. */
 static inline struct sop__block *
 split_fit(struct sop_pool *pool, struct sop__bins *bins, size_t size)
 {
