@@ -126,10 +126,15 @@ CUresult sop_pointer_get_pool(sop_pool_t *pool, const void *ptr);
  *    event, or on every stream of the current context, before the call) reusable by every stream
  *    whatever the policies, and the pools concerned then release physical memory above their
  *    release threshold.
- * Driver calls made directly are invisible to sop: safe, only less eager. An event that was
- * recorded with sop_event_record must not be re-recorded with cuEventRecord directly while sop
- * may still see it waited on, and should be destroyed with sop_event_destroy, so that sop never
- * credits it with a dependency it no longer carries. */
+ * Driver calls made directly are invisible to sop: safe, only less eager. What an event carries is
+ * a claim, which sop acts on only once its own probe events prove it: an event recorded with
+ * sop_event_record and then recorded again with cuEventRecord, or destroyed and its handle given
+ * by the driver to a new event, is safe too (doc/reuse.md). sop_event_destroy forgets the claim
+ * as well; cuEventDestroy leaves it to be overwritten.
+ *
+ * Streams are told apart by the id the driver gives them (cuStreamGetId), asked at every call
+ * that names one: the driver hands a destroyed stream's handle to the next stream at once, even
+ * while the destroyed stream's work runs, and sop never takes the new stream for the old. */
 CUresult sop_event_record(CUevent event, CUstream stream);
 CUresult sop_stream_wait_event(CUstream stream, CUevent event, unsigned int flags);
 CUresult sop_stream_synchronize(CUstream stream);

@@ -16,7 +16,6 @@
 #include "internal.h"
 
 struct sop__driver sop__drv;
-atomic_ullong sop__calls[SOP_N_ENTRIES];
 
 /* The entry points' names, as written in source, for sop_driver_calls. */
 static const char *const entry_names[SOP_N_ENTRIES] = {
@@ -88,17 +87,119 @@ sop__driver_handle(void)
 	return sop__driver_init() == CUDA_SUCCESS ? driver_dl : NULL;
 }
 
+/* ---- Primary contexts ---------------------------------------------------------------------- */
+
+static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext *primary;
+static int n_primary;
+
+CUresult
+sop__driver_primary(CUdevice device, CUcontext *out)
+{
+	unsigned int flags;
+	CUcontext ctx = NULL;
+	CUresult r = CUDA_SUCCESS;
+	int active = 0, n = 0;
+
+	pthread_mutex_lock(&primary_lock);
+	if (!primary) {
+		r = SOP_DRV(cuDeviceGetCount)(&n);
+		if (r == CUDA_SUCCESS && n > 0 && (primary = calloc((size_t)n, sizeof *primary)))
+			n_primary = n;
+		else if (r == CUDA_SUCCESS)
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	if (r == CUDA_SUCCESS && (device < 0 || device >= n_primary))
+		r = CUDA_ERROR_INVALID_DEVICE;
+	/* Retaining an inactive primary context would create one: a stream of a device whose
+	 * primary context is inactive cannot be in it. */
+	if (r == CUDA_SUCCESS && !primary[device]) {
+		r = SOP_DRV(cuDevicePrimaryCtxGetState)(device, &flags, &active);
+		if (r == CUDA_SUCCESS && active) {
+			r = SOP_DRV(cuDevicePrimaryCtxRetain)(&ctx, device);
+			if (r == CUDA_SUCCESS)
+				primary[device] = ctx;
+		}
+	}
+	if (r == CUDA_SUCCESS)
+		*out = primary[device];
+	pthread_mutex_unlock(&primary_lock);
+	return r;
+}
+
+/* ---- Call counts ---------------------------------------------------------------------------- */
+
+__thread struct sop__counts *sop__tcounts __attribute__((tls_model("initial-exec")));
+
+static pthread_mutex_t counts_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sop__counts *counts_live;     /* every thread's block */
+static unsigned long long counts_gone[SOP_N_ENTRIES]; /* what exited threads counted */
+static pthread_key_t counts_key;
+static pthread_once_t counts_once = PTHREAD_ONCE_INIT;
+
+/* A thread exits: its counts go to counts_gone and its block away. */
+static void
+counts_retire(void *p)
+{
+	struct sop__counts *c = p;
+	size_t i;
+
+	pthread_mutex_lock(&counts_lock);
+	for (i = 0; i < SOP_N_ENTRIES; i++)
+		counts_gone[i] += atomic_load_explicit(&c->n[i], memory_order_relaxed);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		counts_live = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	pthread_mutex_unlock(&counts_lock);
+	sop__tcounts = NULL;
+	free(c);
+}
+
+static void
+counts_key_make(void)
+{
+	pthread_key_create(&counts_key, counts_retire);
+}
+
+struct sop__counts *
+sop__counts_slow(void)
+{
+	struct sop__counts *c;
+
+	pthread_once(&counts_once, counts_key_make);
+	c = calloc(1, sizeof *c);
+	if (!c)
+		return NULL; /* without host memory the call goes uncounted */
+	pthread_mutex_lock(&counts_lock);
+	c->next = counts_live;
+	if (counts_live)
+		counts_live->prev = c;
+	counts_live = c;
+	pthread_mutex_unlock(&counts_lock);
+	pthread_setspecific(counts_key, c);
+	sop__tcounts = c;
+	return c;
+}
+
 SOP_API CUresult
 sop_driver_calls(const char **names, unsigned long long *counts, size_t *n)
 {
+	struct sop__counts *c;
 	size_t i;
 
 	if (!n || (*n && (!names || !counts)))
 		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&counts_lock);
 	for (i = 0; i < *n && i < SOP_N_ENTRIES; i++) {
 		names[i] = entry_names[i];
-		counts[i] = atomic_load_explicit(&sop__calls[i], memory_order_relaxed);
+		counts[i] = counts_gone[i];
+		for (c = counts_live; c; c = c->next)
+			counts[i] += atomic_load_explicit(&c->n[i], memory_order_relaxed);
 	}
+	pthread_mutex_unlock(&counts_lock);
 	*n = SOP_N_ENTRIES;
 	return CUDA_SUCCESS;
 }

@@ -5,6 +5,7 @@
  *   driver.c   the only file that calls cu*: a table of entry points loaded with dlopen
  *   bins.c     segregated-fit free lists (TLSF): two bitmaps and 32 lists per power of two
  *   heap.c     blocks, segments, pieces and the pool-wide heap: split, merge, grow, release
+ *   order.c    who a stream is (by id), epochs, probe events, what events carry
  *   stream.c   per-stream free caches, the thread-local stream cache and the hot path
  *   pool.c     pool objects: create, destroy, attributes, access, trim, synchronization
  *   registry.c process-wide state: the address-to-pool table, default and current pools
@@ -137,7 +138,9 @@ sop__lock_take_waited(struct sop__lock *l)
 	X(cuCtxPushCurrent)                                                                        \
 	X(cuCtxPopCurrent)                                                                         \
 	X(cuCtxGetDevice)                                                                          \
+	X(cuCtxGetId)                                                                              \
 	X(cuCtxSynchronize)                                                                        \
+	X(cuDevicePrimaryCtxGetState)                                                              \
 	X(cuStreamGetCtx)                                                                          \
 	X(cuStreamGetId)                                                                           \
 	X(cuStreamSynchronize)                                                                     \
@@ -169,12 +172,26 @@ enum sop__entry {
 #undef SOP_X
 	SOP_N_ENTRIES
 };
-extern atomic_ullong sop__calls[SOP_N_ENTRIES];
+
+/* Call counts are kept per thread: every allocation asks the driver who its stream is, and one
+ * shared counter would bounce its line between all the threads allocating. A thread adds to its
+ * own block with a plain load and store; sop_driver_calls sums the blocks. */
+struct sop__counts {
+	_Atomic unsigned long long n[SOP_N_ENTRIES];
+	struct sop__counts *prev, *next;
+};
+extern __thread struct sop__counts *sop__tcounts __attribute__((tls_model("initial-exec")));
+struct sop__counts *sop__counts_slow(void);
 
 static inline void
 sop__count(enum sop__entry e)
 {
-	atomic_fetch_add_explicit(&sop__calls[e], 1, memory_order_relaxed);
+	struct sop__counts *c = sop__tcounts;
+
+	if (SOP_UNLIKELY(!c) && !(c = sop__counts_slow()))
+		return;
+	atomic_store_explicit(&c->n[e], atomic_load_explicit(&c->n[e], memory_order_relaxed) + 1,
+			      memory_order_relaxed);
 }
 
 #define SOP_DRV(name) (sop__count(SOP_N_##name), sop__drv.name)
@@ -186,6 +203,10 @@ CUresult sop__driver_init(void);
 extern struct sop__driver sop__drv;
 /* The dlopen handle of the driver library, for tests that resolve more entry points. */
 void *sop__driver_handle(void);
+/* The device's primary context, retained once and for the process's lifetime if it is active
+ * (sop's probe events live in it: order.c); *out NULL if it is not active. A stream whose context
+ * is not this one is of a context the application created. */
+CUresult sop__driver_primary(CUdevice device, CUcontext *out);
 
 /* ---- bins.c ------------------------------------------------------------------------------ */
 
@@ -452,6 +473,113 @@ void sop__heap_free_extents(struct sop_pool *pool, size_t *largest, size_t *tota
 /* Unmap and release the anchor, if any. Context current, pool lock held. */
 CUresult sop__heap_anchor_drop(struct sop_pool *pool);
 
+/* ---- order.c ----------------------------------------------------------------------------- */
+
+#define SOP_PROBES 4
+#define SOP_DEPS 16
+
+struct sop__stream;
+
+/* NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: a stream of the current context. */
+static inline bool
+sop__stream_special(CUstream s)
+{
+	return (uintptr_t)s <= (uintptr_t)CU_STREAM_PER_THREAD;
+}
+
+/* A set of (stream, epoch): "ordered after the work of each stream up to its epoch". */
+struct sop__clock {
+	unsigned n;
+	struct {
+		struct sop__stream *s;
+		uint64_t epoch;
+	} e[SOP_DEPS];
+};
+
+/* An event sop recorded on a stream to learn when the frees before it have completed. */
+struct sop__probe {
+	CUevent ev;
+	uint64_t epoch; /* the stream's epoch the record marked */
+	bool pending;   /* recorded, not yet seen complete */
+};
+
+/* One per stream sop has seen (by cuStreamGetId), shared by every pool; kept for the process's
+ * lifetime. */
+struct sop__stream {
+	uint64_t id;
+	CUcontext ctx;
+	uint64_t ctx_id;          /* cuCtxGetId: a context's handle value is reused too */
+	CUdevice device;
+	bool probes_ok;           /* ctx is a primary context sop keeps alive: probes allowed */
+	_Atomic uint64_t epoch;   /* frees are tagged with it; marks advance it; starts at 1 */
+	_Atomic uint64_t done;    /* frees up to here are complete (a probe or a sync said so) */
+	_Atomic uint64_t newest;  /* epoch of the newest probe, 0 if none */
+	_Atomic uint64_t last_free; /* the tag of the latest free on it, in any pool */
+	atomic_uint frees_since;  /* frees since the last probe */
+	_Atomic uint64_t next_poll_ns; /* do not query running probes again before this */
+	pthread_mutex_t lock;     /* probes, deps and claims */
+	struct sop__probe probe[SOP_PROBES];
+	unsigned next_probe;
+	/* What this stream's future work is ordered after: deps, because sop made it wait for
+	 * a probe (proven); claims, from events waited on (order.c says what proves them). */
+	struct sop__clock deps, claims;
+	atomic_uint n_order;      /* deps.n + claims.n, to read without the lock */
+	struct sop__stream *hash_next;
+};
+
+/* The id of the stream a handle names now (cuStreamGetId); CUDA_ERROR_INVALID_CONTEXT for a
+ * special handle with no current context, or the driver's code for a bad handle. */
+CUresult sop__stream_id(CUstream stream, uint64_t *id);
+/* The record of the stream with this id, which stream names in the current call; made on
+ * first sight. CUDA_ERROR_OUT_OF_MEMORY without host memory, or the driver's code. */
+CUresult sop__stream_of(CUstream stream, uint64_t id, struct sop__stream **out);
+/* Both: the record of the stream a handle names now. */
+CUresult sop__stream_lookup(CUstream stream, struct sop__stream **out);
+/* Every record of the context with this id, in a malloc'd array. */
+struct sop__stream **sop__stream_all(uint64_t ctx_id, size_t *n);
+/* More than one stream has been seen: observing completion can pay off. */
+bool sop__streams_interact(void);
+/* Mark the stream's current point: returns the epoch it closes. Call before the driver call
+ * that marks the point (record, synchronize). */
+uint64_t sop__stream_mark(struct sop__stream *st);
+/* A free on st was tagged seq (for events, which prove what they claim with a probe that covers
+ * the frees before them). A load, and a store once per epoch. */
+static inline void
+sop__stream_freed(struct sop__stream *st, uint64_t seq)
+{
+	if (atomic_load_explicit(&st->last_free, memory_order_relaxed) < seq)
+		atomic_store_explicit(&st->last_free, seq, memory_order_relaxed);
+}
+/* After a free tagged seq on the stream, named by handle in the current call: record a probe if
+ * one is due. checked: the call asked the driver who handle is (else this does, before a
+ * record). */
+void sop__stream_after_free(struct sop__stream *st, CUstream handle, uint64_t seq, bool pressure,
+			    bool checked);
+/* Record a probe on the stream (named by handle in the current call, checked) now, unless one
+ * already covers frees tagged seq. A failure only loses a chance to learn. */
+void sop__stream_probe(struct sop__stream *st, CUstream handle, uint64_t seq);
+/* Frees on the stream up to epoch are known complete (a synchronization or a probe said so). */
+void sop__stream_completed(struct sop__stream *st, uint64_t epoch);
+/* Query the stream's pending probes (not again within a few microseconds of a query that found
+ * one running); returns the epoch up to which its frees are complete. */
+uint64_t sop__stream_poll(struct sop__stream *st);
+/* The same, asking now: what an event's completion should have proven. */
+uint64_t sop__stream_prove(struct sop__stream *st);
+/* CLOCK_MONOTONIC in nanoseconds. */
+uint64_t sop__now_ns(void);
+/* What t's future work is ordered after, proven (deps) and claimed (claims), copied. */
+void sop__stream_order(struct sop__stream *t, struct sop__clock *deps, struct sop__clock *claims);
+/* Make t (named by t_handle) wait for a probe of s that covers seq, and remember it in t's deps.
+ * CUDA_ERROR_NOT_FOUND if no probe covers seq. */
+CUresult sop__stream_wait_for(struct sop__stream *t, CUstream t_handle, struct sop__stream *s,
+			      uint64_t seq);
+/* Events: record with the recording stream's clock; wait and merge it into the waiting
+ * stream's claims; the clock an event carries; forget an event. */
+CUresult sop__event_record(CUevent ev, CUstream stream);
+CUresult sop__event_wait(CUstream stream, CUevent ev, unsigned int flags);
+bool sop__event_clock(CUevent ev, struct sop__clock *out);
+void sop__event_forget(CUevent ev);
+
 /* ---- stream.c ---------------------------------------------------------------------------- */
 
 /* A pool's view of one stream: the blocks freed on it that only it may reuse yet, each tagged
@@ -462,7 +590,6 @@ CUresult sop__heap_anchor_drop(struct sop_pool *pool);
 struct sop__sstream {
 	struct sop__lock lock;
 	struct sop_pool *pool;
-	CUcontext ctx;          /* the stream's context */
 	uint64_t id;            /* cuStreamGetId: unique for the process's lifetime; 0 once retired */
 	struct sop__stream *st; /* the stream's record (order.c) */
 	/* Used memory, sharded: bytes allocated on this stream and not yet freed, and the highest
@@ -500,40 +627,12 @@ struct sop__stream_ref {
 	uint64_t id;
 };
 
-/* Which of 2^bits slots a stream handle goes to in a per-thread cache: the top bits of a
- * multiplicative hash, so that every bit of the handle counts. Driver handles share their low
- * bits (their alignment) and often the bits above them; slots chosen from those held one stream
- * at a time, and a thread that records on one stream and waits on another asked the driver who
- * each was every time. */
-static inline unsigned
-sop__stream_hash(CUstream stream, unsigned bits)
-{
-	return (unsigned)(((uint64_t)(uintptr_t)stream * 0x9E3779B97F4A7C15u) >> (64 - bits));
-}
-
-/* The per-thread cache of which device a stream belongs to (used by sop.c). */
-#define SOP_DEV_WAYS_LOG2 5
-#define SOP_DEV_WAYS (1u << SOP_DEV_WAYS_LOG2)
-struct sop__dev_entry {
-	CUstream handle;
-	CUcontext ctx;
-	CUdevice device;
-	bool valid;
-};
-/* This thread's device cache (SOP_DEV_WAYS entries), or NULL without host memory. */
-struct sop__dev_entry *sop__dev_cache(void);
-struct sop__tcache *sop__tcache_slow(void);
-
-/* The stream's id and context. CUDA_ERROR_INVALID_CONTEXT for a special stream with no
- * current context, or the driver's code for a bad handle. */
-CUresult sop__stream_identify(CUstream stream, uint64_t *id, CUcontext *ctx);
-/* The stream's record (order.c), cached per thread. */
-struct sop__stream;
-CUresult sop__stream_lookup(CUstream stream, struct sop__stream **out);
 /* The pool's state for a stream id, or NULL. Pool lock held. */
 struct sop__sstream *sop__sstream_find(struct sop_pool *pool, uint64_t id);
-/* Allocation and free in stream order. */
-CUresult sop__alloc(struct sop_pool *pool, CUstream stream, size_t req, void **ptr);
+/* Allocation in stream order, on the stream stream names now and whose id the caller asked
+ * (sop__stream_id). */
+CUresult sop__alloc(struct sop_pool *pool, CUstream stream, uint64_t id, size_t req, void **ptr);
+/* Free in stream order. */
 CUresult sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream);
 /* Move the cached blocks of ss freed up to epoch into the heap: their frees have completed.
  * Pool lock held. Returns the number of blocks moved. */
@@ -542,80 +641,6 @@ size_t sop__sstream_flush(struct sop__sstream *ss, uint64_t epoch);
 void sop__sstream_retire_idle(struct sop_pool *pool);
 /* Free every stream state of a pool being torn down. */
 void sop__sstream_destroy_all(struct sop_pool *pool);
-
-/* ---- order.c ----------------------------------------------------------------------------- */
-
-#define SOP_PROBES 4
-#define SOP_DEPS 16
-
-struct sop__stream;
-
-/* A set of (stream, epoch): "ordered after the work of each stream up to its epoch". */
-struct sop__clock {
-	unsigned n;
-	struct {
-		struct sop__stream *s;
-		uint64_t epoch;
-	} e[SOP_DEPS];
-};
-
-/* An event sop recorded on a stream to learn when the frees before it have completed. */
-struct sop__probe {
-	CUevent ev;
-	uint64_t epoch; /* the stream's epoch the record marked */
-	bool pending;   /* recorded, not yet seen complete */
-};
-
-/* One per stream sop has seen, shared by every pool; kept for the process's lifetime. */
-struct sop__stream {
-	uint64_t id;
-	CUcontext ctx;
-	_Atomic uint64_t epoch;   /* frees are tagged with it; marks advance it; starts at 1 */
-	_Atomic uint64_t done;    /* frees up to here are complete (a probe or a sync said so) */
-	_Atomic uint64_t newest;  /* epoch of the newest probe, 0 if none */
-	atomic_uint frees_since;  /* frees since the last probe */
-	_Atomic uint64_t next_poll_ns; /* do not query running probes again before this */
-	pthread_mutex_t lock;     /* probes and deps */
-	struct sop__probe probe[SOP_PROBES];
-	unsigned next_probe;
-	struct sop__clock deps;   /* what this stream's future work is ordered after */
-	atomic_uint n_deps;       /* deps.n, to read without the lock */
-	struct sop__stream *hash_next;
-};
-
-/* The record of a stream (by cuStreamGetId), made on first sight. NULL without host memory. */
-struct sop__stream *sop__stream_record(uint64_t id, CUcontext ctx);
-/* Every record of a context, in a malloc'd array. */
-struct sop__stream **sop__stream_all(CUcontext ctx, size_t *n);
-/* More than one stream has been seen: observing completion can pay off. */
-bool sop__streams_interact(void);
-/* Mark the stream's current point: returns the epoch it closes. Call before the driver call
- * that marks the point (record, synchronize). */
-uint64_t sop__stream_mark(struct sop__stream *st);
-/* After a free tagged seq on the stream (named by handle in the current call): record a probe
- * if one is due. */
-void sop__stream_after_free(struct sop__stream *st, CUstream handle, uint64_t seq, bool pressure);
-/* Record a probe on the stream (named by handle in the current call) now, unless one already
- * covers frees tagged seq. A failure only loses a chance to learn. */
-void sop__stream_probe(struct sop__stream *st, CUstream handle, uint64_t seq);
-/* Frees on the stream up to epoch are known complete (a synchronization or a probe said so). */
-void sop__stream_completed(struct sop__stream *st, uint64_t epoch);
-/* Query the stream's pending probes; returns the epoch up to which its frees are complete. */
-uint64_t sop__stream_poll(struct sop__stream *st);
-/* CLOCK_MONOTONIC in nanoseconds. */
-uint64_t sop__now_ns(void);
-/* What t's future work is ordered after, copied. */
-void sop__stream_deps(struct sop__stream *t, struct sop__clock *out);
-/* Make t (named by t_handle) wait for a probe of s that covers seq, and remember it.
- * CUDA_ERROR_NOT_FOUND if no probe covers seq. */
-CUresult sop__stream_wait_for(struct sop__stream *t, CUstream t_handle, struct sop__stream *s,
-			      uint64_t seq);
-/* Events: record with the recording stream's clock; wait and merge it into the waiting
- * stream's; the clock an event carries; forget an event. */
-CUresult sop__event_record(CUevent ev, CUstream stream);
-CUresult sop__event_wait(CUstream stream, CUevent ev, unsigned int flags);
-bool sop__event_clock(CUevent ev, struct sop__clock *out);
-void sop__event_forget(CUevent ev);
 
 /* ---- pool.c ------------------------------------------------------------------------------ */
 
@@ -731,7 +756,7 @@ sop__used_add(struct sop__sstream *ss, struct sop__block *b, size_t req)
 	now = sop__sstream_used(ss);
 	if (now > ss->used_hw)
 		ss->used_hw = now;
-	b->alloc_ss = ss;
+	__atomic_store_n(&b->alloc_ss, ss, __ATOMIC_RELAXED); /* peeked at by frees: stream.c */
 	b->req = req;
 }
 

@@ -515,6 +515,7 @@ sop__sync_ctx(void)
 {
 	struct sop__stream **all;
 	struct sync_mark *marks;
+	unsigned long long ctx_id;
 	CUcontext ctx = NULL;
 	size_t n, i;
 	CUresult r;
@@ -524,7 +525,11 @@ sop__sync_ctx(void)
 		return r;
 	if (!ctx)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	all = sop__stream_all(ctx, &n);
+	/* By id: a destroyed context's handle value names the next context created. */
+	r = SOP_DRV(cuCtxGetId)(ctx, &ctx_id);
+	if (r != CUDA_SUCCESS)
+		return r;
+	all = sop__stream_all(ctx_id, &n);
 	marks = n ? calloc(n, sizeof *marks) : NULL;
 	for (i = 0; marks && i < n; i++) {
 		marks[i].st = all[i];
@@ -553,9 +558,17 @@ sop__sync_event(CUevent event)
 	r = SOP_DRV(cuEventSynchronize)(event);
 	if (r != CUDA_SUCCESS)
 		return r;
+	/* What the event carries is a claim (order.c): the application may have recorded it
+	 * again, or destroyed it and made another at the same handle, without sop. Each stream's
+	 * frees become reusable as far as its probes, recorded before the event, now show them
+	 * complete, which is all of the claim when it is true. */
 	for (i = 0; i < clock.n; i++) {
-		marks[n].st = clock.e[i].s;
-		marks[n++].epoch = clock.e[i].epoch;
+		uint64_t proven = sop__stream_prove(clock.e[i].s);
+		uint64_t upto = proven < clock.e[i].epoch ? proven : clock.e[i].epoch;
+		if (upto) {
+			marks[n].st = clock.e[i].s;
+			marks[n++].epoch = upto;
+		}
 	}
 	sync_complete(marks, n, false);
 	return r;

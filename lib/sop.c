@@ -246,46 +246,10 @@ sop_device_get_pool(sop_pool_t *pool, CUdevice device)
 
 /* ---- Allocation -------------------------------------------------------------------------- */
 
-/* Which device a stream belongs to, cached per thread (stream.c keeps the cache). Special
- * handles depend on the current context, which is then part of the key. */
-static CUresult
-stream_device(CUstream stream, CUdevice *device)
-{
-	bool special = (uintptr_t)stream <= (uintptr_t)CU_STREAM_PER_THREAD;
-	struct sop__dev_entry *cache = sop__dev_cache(), scratch = {0}, *e;
-	CUcontext cur = NULL, ctx, popped;
-	CUresult r;
-
-	e = cache ? &cache[sop__stream_hash(stream, SOP_DEV_WAYS_LOG2)] : &scratch;
-
-	if (special) {
-		r = SOP_DRV(cuCtxGetCurrent)(&cur);
-		if (r != CUDA_SUCCESS)
-			return r;
-		if (!cur)
-			return CUDA_ERROR_INVALID_CONTEXT;
-	}
-	if (SOP_LIKELY(e->valid && e->handle == stream && e->ctx == cur)) {
-		*device = e->device;
-		return CUDA_SUCCESS;
-	}
-	r = SOP_DRV(cuStreamGetCtx)(stream, &ctx);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = SOP_DRV(cuCtxPushCurrent)(ctx);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = SOP_DRV(cuCtxGetDevice)(device);
-	SOP_DRV(cuCtxPopCurrent)(&popped);
-	if (r != CUDA_SUCCESS)
-		return r;
-	*e = (struct sop__dev_entry){stream, cur, *device, true};
-	return CUDA_SUCCESS;
-}
-
 SOP_API CUresult
 sop_malloc_from_pool_async(void **ptr, size_t size, sop_pool_t pool, CUstream stream)
 {
+	uint64_t id;
 	void *p;
 	CUresult r = sop__init();
 
@@ -297,7 +261,9 @@ sop_malloc_from_pool_async(void **ptr, size_t size, sop_pool_t pool, CUstream st
 		*ptr = NULL;
 		return CUDA_SUCCESS;
 	}
-	r = sop__alloc(pool, stream, size, &p);
+	r = sop__stream_id(stream, &id);
+	if (r == CUDA_SUCCESS)
+		r = sop__alloc(pool, stream, id, size, &p);
 	if (r == CUDA_SUCCESS)
 		*ptr = p;
 	return r;
@@ -306,21 +272,35 @@ sop_malloc_from_pool_async(void **ptr, size_t size, sop_pool_t pool, CUstream st
 SOP_API CUresult
 sop_malloc_async(void **ptr, size_t size, CUstream stream)
 {
+	struct sop__stream *st;
 	struct sop_pool *pool;
-	CUdevice device;
+	uint64_t id;
+	void *p;
 	CUresult r = sop__init();
 
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (!ptr)
 		return CUDA_ERROR_INVALID_VALUE;
-	r = stream_device(stream, &device);
+	/* The stream's device, from its record (cached per thread by id: a handle the driver gave
+	 * to a new stream, maybe of another device, is a new record). */
+	r = sop__stream_id(stream, &id);
+	if (r == CUDA_SUCCESS)
+		r = sop__stream_of(stream, id, &st);
+	if (r == CUDA_SUCCESS)
+		r = sop__current_pool(st->device, &pool);
 	if (r != CUDA_SUCCESS)
 		return r;
-	r = sop__current_pool(device, &pool);
-	if (r != CUDA_SUCCESS)
-		return r;
-	return sop_malloc_from_pool_async(ptr, size, pool, stream);
+	if (!pool_usable(pool))
+		return CUDA_ERROR_INVALID_VALUE; /* destroyed by another thread just now */
+	if (!size) {
+		*ptr = NULL;
+		return CUDA_SUCCESS;
+	}
+	r = sop__alloc(pool, stream, id, size, &p);
+	if (r == CUDA_SUCCESS)
+		*ptr = p;
+	return r;
 }
 
 SOP_API CUresult

@@ -3,48 +3,23 @@
  * Each pool keeps, per stream, the blocks freed on that stream whose frees have not been seen
  * to complete. Work enqueued on the stream later runs after the free, so the stream itself may
  * reuse them at once: a same-stream free and allocation is a push and a pop on the stream's
- * bins under the stream's own lock, with no driver call and no pool-wide lock. Other streams
- * get these blocks only when stream order allows: at synchronization points, through events,
- * when probes show the frees complete, or by waiting on a probe (doc/reuse.md; the slow path
- * below, with order.c).
+ * bins under the stream's own lock, with no pool-wide lock. Other streams get these blocks only
+ * when stream order allows: at synchronization points, through events, when probes show the
+ * frees complete, or by waiting on a probe (doc/reuse.md; the slow path below, with order.c).
  *
- * A thread finds the pool's state for a stream through a small thread-local cache keyed by
- * (pool, handle, context), so the driver is asked for the stream's id and context only the first
- * time a thread uses a stream with a pool. Special handles (NULL, CU_STREAM_LEGACY,
- * CU_STREAM_PER_THREAD) name different streams in different contexts: for them the current
- * context is part of the key, which costs one cuCtxGetCurrent per call.
+ * Who the stream is. An allocation asks the driver for the id of the stream its handle names
+ * (order.c says why a handle is no identity), and a thread finds the pool's state for that
+ * stream through a small thread-local cache keyed by (pool, handle, id). A free does not ask,
+ * when the thread's cache holds a state for (pool, handle) and the block was allocated on that
+ * state's stream: if the handle named another stream now, that stream would have been destroyed,
+ * and the block then waits in a cache that no live stream can reach (only a synchronization of
+ * the context, or the destroyed stream's own probes, make it reusable): memory held late, never
+ * early. Every other free asks, as an allocation does.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
-
-/* ---- Identity --------------------------------------------------------------------------- */
-
-static inline bool
-stream_special(CUstream s)
-{
-	return (uintptr_t)s <= (uintptr_t)CU_STREAM_PER_THREAD;
-}
-
-CUresult
-sop__stream_identify(CUstream stream, uint64_t *id, CUcontext *ctx)
-{
-	CUresult r;
-
-	if (stream_special(stream)) {
-		CUcontext cur = NULL;
-		r = SOP_DRV(cuCtxGetCurrent)(&cur);
-		if (r != CUDA_SUCCESS)
-			return r;
-		if (!cur)
-			return CUDA_ERROR_INVALID_CONTEXT;
-	}
-	r = SOP_DRV(cuStreamGetCtx)(stream, ctx);
-	if (r != CUDA_SUCCESS)
-		return r;
-	return SOP_DRV(cuStreamGetId)(stream, (unsigned long long *)id);
-}
 
 /* ---- Stream states ---------------------------------------------------------------------- */
 
@@ -60,7 +35,7 @@ sop__sstream_find(struct sop_pool *pool, uint64_t id)
 }
 
 static struct sop__sstream *
-sstream_new(struct sop_pool *pool, uint64_t id, CUcontext ctx, struct sop__stream *st)
+sstream_new(struct sop_pool *pool, uint64_t id, struct sop__stream *st)
 {
 	struct sop__sstream *ss = pool->spare_streams;
 
@@ -73,7 +48,6 @@ sstream_new(struct sop_pool *pool, uint64_t id, CUcontext ctx, struct sop__strea
 	}
 	sop__lock_take(&ss->lock);
 	ss->pool = pool;
-	ss->ctx = ctx;
 	ss->id = id;
 	ss->st = st;
 	ss->active = true; /* about to be used: not for the next retirement pass */
@@ -92,32 +66,19 @@ sstream_new(struct sop_pool *pool, uint64_t id, CUcontext ctx, struct sop__strea
  * state's lock and compare its id with the entry's before trusting it.
  *
  * The cache is reached through one initial-exec thread-local pointer: a library's own
- * thread-local arrays would cost a __tls_get_addr call per access, and eight bytes of static TLS
- * fit even when the library is loaded with dlopen. */
+ * thread-local arrays would cost a __tls_get_addr call per access, and a few pointers of static
+ * TLS fit even when the library is loaded with dlopen. */
 #define TLS_SETS 16
 #define TLS_ASSOC 4 /* a thread driving 16 streams keeps them all */
 
 struct tls_entry {
 	struct sop_pool *pool;
 	CUstream handle;
-	CUcontext ctx; /* current context, for special handles only */
-	struct sop__stream_ref ref;
+	struct sop__stream_ref ref; /* ref.id: the stream the handle named when it was cached */
 };
-
-struct rec_entry {
-	CUstream handle;
-	CUcontext ctx; /* current context, for special handles only */
-	struct sop__stream *st;
-};
-
-#define REC_SETS_LOG2 5
-#define REC_SETS (1u << REC_SETS_LOG2)
-#define REC_ASSOC 2 /* two streams that share a set, such as a producer and a consumer, both stay */
 
 struct sop__tcache {
 	struct tls_entry streams[TLS_SETS][TLS_ASSOC]; /* most recent first in each set */
-	struct sop__dev_entry devices[SOP_DEV_WAYS];
-	struct rec_entry records[REC_SETS][REC_ASSOC]; /* most recent first in each set */
 };
 
 static __thread struct sop__tcache *tcache __attribute__((tls_model("initial-exec")));
@@ -136,8 +97,8 @@ tcache_key_make(void)
 	pthread_key_create(&tcache_key, tcache_free);
 }
 
-struct sop__tcache *
-sop__tcache_slow(void)
+static __attribute__((noinline)) struct sop__tcache *
+tcache_slow(void)
 {
 	struct sop__tcache *c;
 
@@ -155,119 +116,37 @@ tcache_get(void)
 {
 	struct sop__tcache *c = tcache;
 
-	return SOP_LIKELY(c != NULL) ? c : sop__tcache_slow();
+	return SOP_LIKELY(c != NULL) ? c : tcache_slow();
 }
 
-struct sop__dev_entry *
-sop__dev_cache(void)
+/* The set of (pool, handle, id): by handle, so that a free, which knows no id, finds the entry
+ * an allocation left; a special handle names a different stream in each context and thread,
+ * and all three share a few values, so for them the id picks the set. Every bit counts: driver
+ * handles share their low bits (alignment) and often the bits above. */
+static inline struct tls_entry *
+tls_set(struct sop__tcache *c, struct sop_pool *pool, CUstream stream, uint64_t id)
 {
-	struct sop__tcache *c = tcache_get();
+	uint64_t k = sop__stream_special(stream) ? id : (uint64_t)(uintptr_t)stream;
+	uint64_t h = ((uint64_t)(uintptr_t)pool ^ k) * 0x9E3779B97F4A7C15u;
 
-	return c ? c->devices : NULL;
+	return c->streams[h >> (64 - 4)];
 }
 
-/* The record of a stream (order.c), through the thread's cache: events name streams on every
- * call, and asking the driver who a stream is costs two calls. Records live for the process, so
- * an entry can never dangle. */
-static inline struct rec_entry *
-rec_set(struct sop__tcache *c, CUstream stream)
-{
-	return c->records[sop__stream_hash(stream, REC_SETS_LOG2)];
-}
-
-/* Put (stream, ctx) -> st first in its set, over an older entry for the same handle if any. */
-static void
-rec_put(struct rec_entry *set, CUstream stream, CUcontext ctx, struct sop__stream *st)
-{
-	int w = 0;
-
-	while (w < REC_ASSOC - 1 && !(set[w].handle == stream && set[w].ctx == ctx))
-		w++;
-	memmove(&set[1], &set[0], (size_t)w * sizeof *set);
-	set[0] = (struct rec_entry){stream, ctx, st};
-}
-
-/* After a pool identified the stream behind a handle by its id: the handle names that record on
- * this thread from now on. A handle the driver recycled for a new stream would otherwise go on
- * naming the destroyed stream's record here (its synchronizations marking the wrong stream)
- * while the pools already name the new one. Special handles are never recycled. */
-static void
-rec_remember(CUstream stream, struct sop__stream *st)
-{
-	struct sop__tcache *c;
-
-	if (stream_special(stream) || !(c = tcache_get()))
-		return;
-	rec_put(rec_set(c, stream), stream, NULL, st);
-}
-
-CUresult
-sop__stream_lookup(CUstream stream, struct sop__stream **out)
-{
-	struct sop__tcache *c = tcache_get();
-	struct rec_entry *set = NULL;
-	CUcontext cur = NULL, ctx;
-	uint64_t id;
-	CUresult r;
-	int w;
-
-	if (stream_special(stream)) {
-		r = SOP_DRV(cuCtxGetCurrent)(&cur);
-		if (r != CUDA_SUCCESS)
-			return r;
-		if (!cur)
-			return CUDA_ERROR_INVALID_CONTEXT;
-	}
-	if (c) {
-		set = rec_set(c, stream);
-		for (w = 0; w < REC_ASSOC; w++) {
-			if (set[w].st && set[w].handle == stream && set[w].ctx == cur) {
-				*out = set[w].st;
-				if (w)
-					rec_put(set, stream, cur, *out);
-				return CUDA_SUCCESS;
-			}
-		}
-	}
-	r = sop__stream_identify(stream, &id, &ctx);
-	if (r != CUDA_SUCCESS)
-		return r;
-	*out = sop__stream_record(id, ctx);
-	if (!*out)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	if (set)
-		rec_put(set, stream, cur, *out);
-	return CUDA_SUCCESS;
-}
-
-static inline unsigned
-tls_slot(struct sop_pool *pool, CUstream stream)
-{
-	uintptr_t h = (uintptr_t)pool ^ ((uintptr_t)stream * 0x9E3779B97F4A7C15u);
-
-	return (unsigned)(h >> 7 ^ h >> 17) & (TLS_SETS - 1);
-}
-
+/* The pool's state for the stream with this id, made if the pool has none. */
 static CUresult
-sstream_lookup(struct sop_pool *pool, CUstream stream, struct sop__stream_ref *out)
+sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id, struct sop__stream_ref *out)
 {
 	struct sop__stream *st;
 	struct sop__sstream *ss;
-	CUcontext ctx;
-	uint64_t id;
 	CUresult r;
 
-	r = sop__stream_identify(stream, &id, &ctx);
+	r = sop__stream_of(stream, id, &st);
 	if (r != CUDA_SUCCESS)
 		return r;
-	st = sop__stream_record(id, ctx);
-	if (!st)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	rec_remember(stream, st);
 	pthread_mutex_lock(&pool->lock);
 	ss = sop__sstream_find(pool, id);
 	if (!ss)
-		ss = sstream_new(pool, id, ctx, st);
+		ss = sstream_new(pool, id, st);
 	pthread_mutex_unlock(&pool->lock);
 	if (!ss)
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -277,14 +156,15 @@ sstream_lookup(struct sop_pool *pool, CUstream stream, struct sop__stream_ref *o
 }
 
 static inline bool
-tls_match(const struct tls_entry *e, struct sop_pool *pool, CUstream stream, CUcontext cur)
+tls_match(const struct tls_entry *e, struct sop_pool *pool, CUstream stream, uint64_t id)
 {
-	return e->pool == pool && e->handle == stream && e->ctx == cur && e->ref.ss;
+	return e->ref.id == id && e->handle == stream && e->pool == pool && e->ref.ss;
 }
 
-/* The rest of sstream_get: other ways of the set, then the pool's list. */
+/* The rest of sstream_get: other ways of the set, then the pool's list. The new entry takes the
+ * place of one for the same (pool, handle), which named a stream that no longer has it. */
 static __attribute__((noinline)) CUresult
-sstream_get_slow(struct sop_pool *pool, CUstream stream, CUcontext cur, struct tls_entry *set,
+sstream_get_slow(struct sop_pool *pool, CUstream stream, uint64_t id, struct tls_entry *set,
 		 struct sop__stream_ref *out)
 {
 	struct tls_entry hit;
@@ -292,7 +172,7 @@ sstream_get_slow(struct sop_pool *pool, CUstream stream, CUcontext cur, struct t
 	int w;
 
 	for (w = 1; w < TLS_ASSOC; w++) {
-		if (tls_match(&set[w], pool, stream, cur)) {
+		if (tls_match(&set[w], pool, stream, id)) {
 			hit = set[w];
 			memmove(&set[1], &set[0], (size_t)w * sizeof *set);
 			set[0] = hit;
@@ -300,62 +180,72 @@ sstream_get_slow(struct sop_pool *pool, CUstream stream, CUcontext cur, struct t
 			return CUDA_SUCCESS;
 		}
 	}
-	r = sstream_lookup(pool, stream, out);
+	r = sstream_lookup(pool, stream, id, out);
 	if (r != CUDA_SUCCESS)
 		return r;
-	memmove(&set[1], &set[0], (TLS_ASSOC - 1) * sizeof *set);
+	for (w = 0; w < TLS_ASSOC - 1; w++)
+		if (set[w].pool == pool && set[w].handle == stream)
+			break;
+	memmove(&set[1], &set[0], (size_t)w * sizeof *set);
 	set[0].pool = pool;
 	set[0].handle = stream;
-	set[0].ctx = cur;
 	set[0].ref = *out;
 	return CUDA_SUCCESS;
 }
 
-/* The current context, for a special stream handle. */
-static __attribute__((noinline)) CUresult
-special_ctx(CUcontext *cur)
-{
-	CUresult r = SOP_DRV(cuCtxGetCurrent)(cur);
-
-	if (r == CUDA_SUCCESS && !*cur)
-		r = CUDA_ERROR_INVALID_CONTEXT;
-	return r;
-}
-
-/* Find or make the pool's state for stream; the thread-local cache makes this a few loads.
- * Inlined into the hot paths: its hit case is a hash and four compares. */
+/* Find or make the pool's state for the stream with this id, which stream names now; the
+ * thread-local cache makes this a few loads. Inlined into the hot paths: its hit case is a hash
+ * and three compares. */
 static inline __attribute__((always_inline)) CUresult
-sstream_get(struct sop_pool *pool, CUstream stream, struct sop__stream_ref *out)
+sstream_get(struct sop_pool *pool, CUstream stream, uint64_t id, struct sop__stream_ref *out)
 {
 	struct sop__tcache *c = tcache_get();
 	struct tls_entry *set;
-	CUcontext cur = NULL;
-	CUresult r;
 
 	if (SOP_UNLIKELY(!c))
-		return sstream_lookup(pool, stream, out); /* no host memory for a cache */
-	set = c->streams[tls_slot(pool, stream)];
-	if (SOP_UNLIKELY(stream_special(stream))) {
-		r = special_ctx(&cur);
-		if (r != CUDA_SUCCESS)
-			return r;
-	}
-	if (SOP_LIKELY(tls_match(&set[0], pool, stream, cur))) {
+		return sstream_lookup(pool, stream, id, out); /* no host memory for a cache */
+	set = tls_set(c, pool, stream, id);
+	if (SOP_LIKELY(tls_match(&set[0], pool, stream, id))) {
 		*out = set[0].ref;
 		return CUDA_SUCCESS;
 	}
-	return sstream_get_slow(pool, stream, cur, set, out);
+	return sstream_get_slow(pool, stream, id, set, out);
+}
+
+/* For a free of b on stream: the state the thread's cache holds for (pool, stream) if b was
+ * allocated on it, without asking the driver who the stream is (*checked false; the top of the
+ * file says why that is safe); else the state of the stream the driver says stream names. */
+static inline __attribute__((always_inline)) CUresult
+sstream_get_free(struct sop_pool *pool, CUstream stream, const struct sop__block *b,
+		 struct sop__stream_ref *out, bool *checked)
+{
+	struct sop__tcache *c = tcache;
+	uint64_t id;
+	CUresult r;
+
+	if (SOP_LIKELY(c != NULL) && !sop__stream_special(stream)) {
+		struct tls_entry *e = &tls_set(c, pool, stream, 0)[0];
+		if (e->handle == stream && e->pool == pool && e->ref.ss &&
+		    e->ref.ss == __atomic_load_n(&b->alloc_ss, __ATOMIC_RELAXED)) {
+			*out = e->ref;
+			*checked = false;
+			return CUDA_SUCCESS;
+		}
+	}
+	*checked = true;
+	r = sop__stream_id(stream, &id);
+	return r == CUDA_SUCCESS ? sstream_get(pool, stream, id, out) : r;
 }
 
 /* Forget the thread's entry for (pool, stream) after it proved stale. */
 static void
-tls_drop(struct sop_pool *pool, CUstream stream)
+tls_drop(struct sop_pool *pool, CUstream stream, uint64_t id)
 {
 	struct sop__tcache *c = tcache;
 	int w;
 
 	for (w = 0; c && w < TLS_ASSOC; w++) {
-		struct tls_entry *e = &c->streams[tls_slot(pool, stream)][w];
+		struct tls_entry *e = &tls_set(c, pool, stream, id)[w];
 		if (e->pool == pool && e->handle == stream)
 			e->ref.ss = NULL;
 	}
@@ -604,35 +494,51 @@ cache_take(struct sop__sstream *o, struct sop__block *b)
 	return b;
 }
 
-/* Follow event dependencies: memory freed on another stream whose free the allocating stream is
- * already ordered after. Only the streams in this stream's dependencies are looked at (a stream
- * that waited on no event costs one lock here, whatever the number of streams). Pool lock
- * held. */
-static struct sop__block *
-take_followed(struct sop_pool *pool, struct sop__sstream *ss, size_t size, size_t limit,
-	      struct sop__sstream **from)
+/* The epoch of s in a clock, 0 if s is not in it. */
+static uint64_t
+clock_epoch(const struct sop__clock *c, const struct sop__stream *s)
 {
-	struct sop__sstream *o;
-	struct sop__clock deps;
 	unsigned i;
 
-	sop__stream_deps(ss->st, &deps);
-	if (!deps.n)
+	for (i = 0; i < c->n; i++)
+		if (c->e[i].s == s)
+			return c->e[i].epoch;
+	return 0;
+}
+
+/* Follow event dependencies: memory freed on another stream whose free the allocating stream is
+ * ordered after. Only the streams in this stream's clocks are looked at (a stream that waited on
+ * nothing costs one load here, whatever the number of streams). What events carry is a claim
+ * (order.c): a block is taken under one only after this stream waited for a probe of the other
+ * that covers the free (sop__stream_wait_for), which the GPU finds already passed when the claim
+ * is true; a proven dependency needs no new wait. Pool lock held; stream names ss's stream. */
+static struct sop__block *
+take_followed(struct sop_pool *pool, struct sop__sstream *ss, CUstream stream, size_t size,
+	      size_t limit, struct sop__sstream **from)
+{
+	struct sop__clock deps, claims;
+	struct sop__sstream *o;
+
+	sop__stream_order(ss->st, &deps, &claims);
+	if (!deps.n && !claims.n)
 		return NULL;
 	for (o = pool->streams; o; o = o->next) {
+		uint64_t proven, claim;
 		struct sop__block *b;
-		uint64_t dep = 0;
 
 		if (o == ss)
 			continue;
-		for (i = 0; i < deps.n && !dep; i++)
-			if (deps.e[i].s == o->st)
-				dep = deps.e[i].epoch;
-		if (!dep)
+		proven = clock_epoch(&deps, o->st);
+		claim = clock_epoch(&claims, o->st);
+		if (!proven && !claim)
 			continue;
 		sop__lock_take(&o->lock);
-		b = o->cache.n_bytes >= size ? cache_find_covered(o, size, dep) : NULL;
-		if (b && b->size <= limit) {
+		b = o->cache.n_bytes >= size
+			    ? cache_find_covered(o, size, proven > claim ? proven : claim)
+			    : NULL;
+		if (b && b->size <= limit &&
+		    (b->seq <= proven ||
+		     sop__stream_wait_for(ss->st, stream, o->st, b->seq) == CUDA_SUCCESS)) {
 			*from = o;
 			return cache_take(o, b);
 		}
@@ -952,7 +858,7 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 	}
 	if (atomic_load(&pool->reuse_follow)) {
 		struct sop__sstream *o = NULL;
-		struct sop__block *f = take_followed(pool, ss, size, b ? b->size : SIZE_MAX, &o);
+		struct sop__block *f = take_followed(pool, ss, stream, size, b ? b->size : SIZE_MAX, &o);
 		if (f) {
 			if (b)
 				put_back(pool, b, from);
@@ -1036,7 +942,7 @@ cache_hoards(const struct sop__sstream *ss)
 
 
 CUresult
-sop__alloc(struct sop_pool *pool, CUstream stream, size_t req, void **ptr)
+sop__alloc(struct sop_pool *pool, CUstream stream, uint64_t id, size_t req, void **ptr)
 {
 	size_t size = sop__round_up(req, SOP_ALIGN);
 	struct sop__stream_ref ref;
@@ -1048,7 +954,7 @@ sop__alloc(struct sop_pool *pool, CUstream stream, size_t req, void **ptr)
 	if (size < req || size > pool->va_size)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	for (tries = 0; tries < STALE_TRIES; tries++) {
-		r = sstream_get(pool, stream, &ref);
+		r = sstream_get(pool, stream, id, &ref);
 		if (r != CUDA_SUCCESS)
 			return r;
 		ss = ref.ss;
@@ -1080,7 +986,7 @@ sop__alloc(struct sop_pool *pool, CUstream stream, size_t req, void **ptr)
 		} else {
 			sop__lock_drop(&ss->lock);
 		}
-		tls_drop(pool, stream);
+		tls_drop(pool, stream, id);
 	}
 	return CUDA_ERROR_NOT_FOUND;
 }
@@ -1095,14 +1001,14 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 	struct sop__stream *st;
 	uint64_t seq;
 	CUresult r;
-	bool hoard, cover;
+	bool hoard, cover, checked;
 	int tries;
 
 	if (!b || atomic_load_explicit(&b->tag, memory_order_acquire) != alloc_tag)
 		return CUDA_ERROR_INVALID_VALUE;
 	/* Resolve the stream before claiming: a bad stream leaves the block allocated. */
 	for (tries = 0; tries < STALE_TRIES; tries++) {
-		r = sstream_get(pool, stream, &ref);
+		r = sstream_get_free(pool, stream, b, &ref, &checked);
 		if (r != CUDA_SUCCESS)
 			return r;
 		ss = ref.ss;
@@ -1120,20 +1026,21 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 			sop__used_sub(b, ss);
 			sop__block_set_owner(b, ss);
 			ss->active = true;
+			/* Read under the lock: once it is dropped, a synchronization may retire the
+			 * state and another stream may take it over. */
+			st = ss->st;
 			/* Read after the application's earlier work on the stream was enqueued: a mark
 			 * that advances the epoch past this value comes after that work. */
-			seq = atomic_load(&ss->st->epoch);
+			seq = atomic_load(&st->epoch);
 			b->seq = seq;
 			ss->last_seq = seq;
+			sop__stream_freed(st, seq);
 			cover = cover_at_once(pool, b->size);
 			/* Joined at once with the stream's pieces around it: the stream's own
 			 * memory stays in few large blocks, as in any heap that merges on free. */
 			b = sop__block_merge_own(pool, ss, b);
 			sop__bins_insert(&ss->cache, b);
 			hoard = cache_hoards(ss);
-			/* Read under the lock: once it is dropped, a synchronization may retire the
-			 * state and another stream may take it over. */
-			st = ss->st;
 			sop__lock_drop(&ss->lock);
 			/* Probes, now and then: when other streams may want what this one frees, or
 			 * when this stream holds so much pending memory that only knowing it complete
@@ -1142,11 +1049,12 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 				      (atomic_load_explicit(&pool->reuse_opportunistic,
 							    memory_order_relaxed) ||
 				       atomic_load_explicit(&pool->reuse_internal, memory_order_relaxed))))
-				sop__stream_after_free(st, stream, seq, cover || pool_pressed(pool));
+				sop__stream_after_free(st, stream, seq, cover || pool_pressed(pool),
+						       checked);
 			return CUDA_SUCCESS;
 		}
 		sop__lock_drop(&ss->lock);
-		tls_drop(pool, stream);
+		tls_drop(pool, stream, ref.id);
 	}
 	return CUDA_ERROR_NOT_FOUND;
 }

@@ -139,6 +139,47 @@ check_grow(void *arg, CUresult r)
 	}
 }
 
+/* ---- A stream's first use --------------------------------------------------------------- */
+
+/* A new stream each time (which the driver may give the last one's handle): its first use asks
+ * the driver who it is, then what its context, context id and device are. */
+static void
+prep_first(void *arg)
+{
+	struct grow_arg *g = arg;
+
+	th_stream_destroy(g->s);
+	g->s = th_stream();
+	g->used = th_attr(g->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+	g->reserved = th_attr(g->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+}
+
+static CUresult
+op_first(void *arg)
+{
+	struct grow_arg *g = arg;
+
+	g->p = (void *)0x1;
+	return sop_malloc_from_pool_async(&g->p, MiB, g->pool, g->s);
+}
+
+static void
+check_first(void *arg, CUresult r)
+{
+	struct grow_arg *g = arg;
+
+	TH_CHECK(g->pool);
+	if (r == CUDA_SUCCESS) {
+		TH_OK(sop_free_async(g->p, g->s));
+		TH_OK(sop_stream_synchronize(g->s));
+		TH_OK(sop_trim_to(g->pool, g->reserved));
+	}
+	TH_ASSERT(r == CUDA_SUCCESS || g->p == (void *)0x1);
+	TH_EQ(th_attr(g->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), g->reserved);
+	TH_EQ(th_attr(g->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), g->used);
+	live_same(__LINE__);
+}
+
 /* ---- Trimming --------------------------------------------------------------------------- */
 
 static void
@@ -280,13 +321,13 @@ main(void)
 	static const char *const create_entries[] = {
 		"cuDeviceGetAttribute", "cuDevicePrimaryCtxRetain", "cuCtxPushCurrent",
 		"cuMemGetAllocationGranularity", "cuDeviceTotalMem", "cuMemAddressReserve", NULL};
-	static const char *const grow_entries[] = {"cuStreamGetCtx", "cuStreamGetId",
-						   "cuCtxPushCurrent", "cuMemCreate",
+	static const char *const grow_entries[] = {"cuStreamGetId", "cuCtxPushCurrent", "cuMemCreate",
 						   "cuMemMap", "cuMemSetAccess", NULL};
+	static const char *const first_entries[] = {"cuStreamGetId", "cuStreamGetCtx", "cuCtxGetId",
+						    "cuCtxPushCurrent", "cuCtxGetDevice", NULL};
 	static const char *const trim_entries[] = {"cuCtxPushCurrent", "cuMemUnmap",
 						   "cuMemRelease", NULL};
-	static const char *const sync_entries[] = {"cuStreamGetCtx", "cuStreamGetId",
-						   "cuStreamSynchronize", NULL};
+	static const char *const sync_entries[] = {"cuStreamGetId", "cuStreamSynchronize", NULL};
 	/* A release that fails at a synchronization point does not fail the synchronization
 	 * (the driver's never does); the memory stays reserved and goes at the next one. */
 	static const char *const sync_release_entries[] = {"cuMemUnmap", "cuMemRelease", NULL};
@@ -318,6 +359,7 @@ main(void)
 	TH_OK(sop_pool_set_compaction(g.pool, 1));
 	sweep("grow-compact", grow_entries, NULL, op_grow, check_grow, &g, false);
 	TH_OK(sop_pool_set_compaction(g.pool, 0));
+	sweep("first-use", first_entries, prep_first, op_first, check_first, &g, false);
 	sweep("trim", trim_entries, prep_trim, op_trim, check_trim, &g, false);
 	keep = 0;
 	TH_OK(sop_pool_set_attr(g.pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));

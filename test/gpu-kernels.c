@@ -6,6 +6,7 @@
  * after an event, and synchronization points are mixed in so that blocks do move between
  * streams. Needs a GPU (exit 77 on the simulated driver). */
 #include <string.h>
+#include <unistd.h>
 
 #include "helpers.h"
 #include "kernels.ptx.h"
@@ -103,6 +104,45 @@ spin_scenarios(unsigned *bad)
 	th_stream_destroy(s2);
 }
 
+static void CUDA_CB
+sleep_fn(void *arg)
+{
+	(void)arg;
+	usleep(200000);
+}
+
+/* A destroyed busy stream's handle goes to the next stream at once: A fills a block, sleeps in a
+ * host function, then a kernel reads the block; the block is freed on A and A destroyed; B, made
+ * next (with A's handle), synchronizes, allocates the same size and writes it. The read must see
+ * A's tag, and with release threshold 0 the memory must still be mapped when it runs. */
+static void
+destroyed_busy(unsigned *bad, cuuint64_t threshold, int *reused)
+{
+	const size_t words = (16 << 20) / 4;
+	sop_pool_t pool = th_pool(0, 0);
+	CUstream a_s = th_stream(), b_s;
+	void *a, *b;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold));
+	TH_OK(sop_malloc_from_pool_async(&a, words * 4, pool, a_s));
+	spin_fill(a, words, 0xA4A4A4A4u, 0, a_s);
+	TH_OK(th.cuLaunchHostFunc(a_s, sleep_fn, NULL));
+	check(a, words, 0xA4A4A4A4u, bad + 3, a_s);
+	TH_OK(sop_free_async(a, a_s));
+	th_stream_destroy(a_s);
+	b_s = th_stream();
+	*reused += b_s == a_s;
+	TH_OK(sop_stream_synchronize(b_s));
+	TH_OK(sop_malloc_from_pool_async(&b, words * 4, pool, b_s));
+	spin_fill(b, words, 0xB4B4B4B4u, 0, b_s);
+	check(b, words, 0xB4B4B4B4u, bad + 4, b_s);
+	TH_OK(sop_free_async(b, b_s));
+	TH_OK(sop_stream_synchronize(b_s));
+	TH_OK(sop_ctx_synchronize());
+	TH_OK(sop_pool_destroy(pool));
+	th_stream_destroy(b_s);
+}
+
 int
 main(void)
 {
@@ -133,6 +173,13 @@ main(void)
 	TH_OK(th.cuMemsetD32Async((CUdeviceptr)(uintptr_t)bad, 0, STREAMS, s[0]));
 	TH_OK(sop_stream_synchronize(s[0]));
 	spin_scenarios(bad);
+	{
+		int reused = 0;
+		destroyed_busy(bad, UINT64_MAX, &reused);
+		destroyed_busy(bad, 0, &reused);
+		printf("gpu-kernels: destroyed busy stream, new stream at its handle %d of 2 times\n",
+		       reused);
+	}
 
 	for (r = 0; r < ROUNDS; r++) {
 		void *prev[STREAMS];

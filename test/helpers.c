@@ -1,6 +1,7 @@
 /* helpers.c - shared test scaffolding; see helpers.h. */
 #include <dlfcn.h>
 #include <string.h>
+#include <time.h>
 
 #include "helpers.h"
 
@@ -48,6 +49,11 @@ th_init(void)
 	TH_LOAD(dl, cuMemsetD32Async);
 	TH_LOAD(dl, cuMemcpyDtoHAsync);
 	TH_LOAD(dl, cuMemcpyHtoDAsync);
+	TH_LOAD(dl, cuMemcpyDtoDAsync);
+	TH_LOAD(dl, cuCtxCreate);
+	TH_LOAD(dl, cuCtxDestroy);
+	TH_LOAD(dl, cuCtxPushCurrent);
+	TH_LOAD(dl, cuCtxPopCurrent);
 	TH_LOAD(dl, cuCtxSetCurrent);
 	TH_LOAD(dl, cuEventCreate);
 	TH_LOAD(dl, cuEventDestroy);
@@ -112,18 +118,38 @@ th_gate_init(struct th_gate *g)
 	pthread_cond_init(&g->cond, NULL);
 	g->open = false;
 	g->reached = false;
+	g->timeout_ms = 0;
+}
+
+void
+th_gate_init_timed(struct th_gate *g, long timeout_ms)
+{
+	th_gate_init(g);
+	g->timeout_ms = timeout_ms;
 }
 
 static void CUDA_CB
 gate_fn(void *arg)
 {
 	struct th_gate *g = arg;
+	struct timespec until;
 
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += g->timeout_ms / 1000;
+	until.tv_nsec += (g->timeout_ms % 1000) * 1000000;
+	if (until.tv_nsec >= 1000000000) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000;
+	}
 	pthread_mutex_lock(&g->lock);
 	g->reached = true;
 	pthread_cond_broadcast(&g->cond);
-	while (!g->open)
-		pthread_cond_wait(&g->cond, &g->lock);
+	while (!g->open) {
+		if (!g->timeout_ms)
+			pthread_cond_wait(&g->cond, &g->lock);
+		else if (pthread_cond_timedwait(&g->cond, &g->lock, &until))
+			break;
+	}
 	pthread_mutex_unlock(&g->lock);
 }
 

@@ -60,6 +60,11 @@ struct th_driver {
 	__typeof__(cuMemsetD32Async) *cuMemsetD32Async;
 	__typeof__(cuMemcpyDtoHAsync) *cuMemcpyDtoHAsync;
 	__typeof__(cuMemcpyHtoDAsync) *cuMemcpyHtoDAsync;
+	__typeof__(cuMemcpyDtoDAsync) *cuMemcpyDtoDAsync;
+	__typeof__(cuCtxCreate) *cuCtxCreate;
+	__typeof__(cuCtxDestroy) *cuCtxDestroy;
+	__typeof__(cuCtxPushCurrent) *cuCtxPushCurrent;
+	__typeof__(cuCtxPopCurrent) *cuCtxPopCurrent;
 	__typeof__(cuCtxSetCurrent) *cuCtxSetCurrent;
 	__typeof__(cuEventCreate) *cuEventCreate;
 	__typeof__(cuEventDestroy) *cuEventDestroy;
@@ -95,13 +100,18 @@ CUstream th_stream(void); /* a new non-blocking stream */
 void th_stream_destroy(CUstream s);
 
 /* A gate: th_gate_block(g, s) enqueues a host function on s that waits until th_gate_open(g);
- * everything enqueued on s after it waits too. A gate is opened once. */
+ * everything enqueued on s after it waits too. A gate is opened once. A timed gate also opens by
+ * itself after its time: on a GPU, streams share the device's few hardware queues, so work on
+ * another stream may wait behind the gate, and a test that waits for that work before opening the
+ * gate would wait forever (it then proves less, not wrong: the other stream's work ran later). */
 struct th_gate {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	bool open, reached;
+	long timeout_ms; /* 0: none */
 };
 void th_gate_init(struct th_gate *g);
+void th_gate_init_timed(struct th_gate *g, long timeout_ms);
 void th_gate_block(struct th_gate *g, CUstream s);
 void th_gate_open(struct th_gate *g);
 /* Wait (on the host) until the stream has reached the gate. */

@@ -1,16 +1,18 @@
-/* hotpath.c - the same-stream allocation and free make no driver call: counted with
- * sop_driver_calls. Once several streams are in use, frees record a probe event now and then,
- * never more than one per 64 frees in a steady same-stream loop. A thread that records an event
- * on one stream and makes another wait on it makes those two calls and no more, whichever two
- * streams they are. */
+/* hotpath.c - a same-stream allocation makes one driver call, the query of who its stream is
+ * (cuStreamGetId: the driver gives a destroyed stream's handle to the next stream at once), and
+ * its free none: counted with sop_driver_calls. Once several streams are in use, frees record a
+ * probe event now and then (asking who the stream is first), never more than one per 64 frees in
+ * a steady same-stream loop. A thread that records an event on one stream and makes another wait
+ * on it makes those two calls and the two queries, whichever two streams they are. */
 #include <string.h>
 
 #include "helpers.h"
 
 #define PAIRS 20000
 
+/* Every driver call sop made, and those of cuEventRecord and cuStreamGetId. */
 static unsigned long long
-total_calls(unsigned long long *record)
+total_calls(unsigned long long *record, unsigned long long *ids)
 {
 	const char *names[64];
 	unsigned long long counts[64], sum = 0;
@@ -18,11 +20,13 @@ total_calls(unsigned long long *record)
 
 	TH_OK(sop_driver_calls(names, counts, &n));
 	TH_ASSERT(n > 0 && n <= 64);
-	*record = 0;
+	*record = *ids = 0;
 	for (i = 0; i < n; i++) {
 		sum += counts[i];
 		if (!strcmp(names[i], "cuEventRecord"))
 			*record = counts[i];
+		if (!strcmp(names[i], "cuStreamGetId"))
+			*ids = counts[i];
 	}
 	return sum;
 }
@@ -43,7 +47,7 @@ pairs(sop_pool_t pool, CUstream s)
 int
 main(void)
 {
-	unsigned long long before, after, rec0, rec1;
+	unsigned long long before, after, rec0, rec1, id0, id1;
 	const char *names[1];
 	unsigned long long counts[1];
 	size_t n = 0;
@@ -62,26 +66,29 @@ main(void)
 	pool = th_pool(0, 0);
 	/* Warm: the pool has grown and the thread knows the stream. */
 	pairs(pool, s);
-	before = total_calls(&rec0);
+	before = total_calls(&rec0, &id0);
 	pairs(pool, s);
-	after = total_calls(&rec1);
+	after = total_calls(&rec1, &id1);
 	printf("hotpath: %d same-stream pairs, one stream in use: %llu driver calls\n", PAIRS,
 	       after - before);
-	TH_EQ(after - before, 0);
+	TH_EQ(id1 - id0, PAIRS);
+	TH_EQ(after - before, PAIRS);
 
 	/* A second stream in use: probes, at most one per 64 frees. */
 	s2 = th_stream();
 	TH_OK(sop_malloc_from_pool_async(&p, 4096, pool, s2));
 	TH_OK(sop_free_async(p, s2));
 	pairs(pool, s);
-	before = total_calls(&rec0);
+	before = total_calls(&rec0, &id0);
 	pairs(pool, s);
-	after = total_calls(&rec1);
+	after = total_calls(&rec1, &id1);
 	printf("hotpath: %d same-stream pairs, two streams in use: %llu driver calls, %llu event "
 	       "records\n",
 	       PAIRS, after - before, rec1 - rec0);
 	TH_ASSERT(rec1 - rec0 <= PAIRS / 64 + 1);
-	TH_EQ(after - before, rec1 - rec0);
+	/* One query per allocation, and one before each probe a free records. */
+	TH_EQ(id1 - id0, PAIRS + (rec1 - rec0));
+	TH_EQ(after - before, (id1 - id0) + (rec1 - rec0));
 
 	{
 		/* Any two streams: the thread's cache of who each stream is keeps both. */
@@ -99,13 +106,14 @@ main(void)
 					continue;
 				TH_OK(sop_event_record(ev, st[i]));
 				TH_OK(sop_stream_wait_event(st[j], ev, 0));
-				before = total_calls(&rec0);
+				before = total_calls(&rec0, &id0);
 				for (k = 0; k < ROUNDS; k++) {
 					TH_OK(sop_event_record(ev, st[i]));
 					TH_OK(sop_stream_wait_event(st[j], ev, 0));
 				}
-				after = total_calls(&rec1);
-				TH_EQ(after - before, 2 * ROUNDS);
+				after = total_calls(&rec1, &id1);
+				TH_EQ(id1 - id0, 2 * ROUNDS);
+				TH_EQ(after - before, 4 * ROUNDS);
 			}
 		}
 		TH_OK(sop_ctx_synchronize());

@@ -6,14 +6,19 @@
  * sizes, each filled with a tag by work on its stream; checks of that tag by later work on the
  * stream that uses the block, right before its free; frees on the allocating stream, on the
  * thread's other stream after an event, or by another thread after an event; stream, event and
- * context synchronizations; and trims. A block handed out while work that may still touch it
- * can run shows up as a wrong tag, in the check of the block's earlier owner or in its own.
+ * context synchronizations; trims; and streams replaced while busy: a thread frees what it
+ * holds on one of its streams, destroys the stream with that work still running and creates
+ * another, which the driver may give the destroyed one's handle (and sometimes orders after it
+ * through an event). Events are destroyed now through sop and now directly, so that the driver
+ * hands their handles to new events behind sop's back. A block handed out while work that may
+ * still touch it can run shows up as a wrong tag, in the check of the block's earlier owner or
+ * in its own.
  *
  * On a GPU the fill and the check are kernels (the fill spins a random while first, so that work
  * overlaps the host's calls). On the simulated driver they are a memset and a copy back checked
  * by a host function on the stream.
  *
- * Usage: test-integrity [--seconds N] [--threads N] [--seed N]
+ * Usage: test-integrity [--seconds N] [--threads N] [--seed N] [--replace PERMILLE]
  */
 #include <string.h>
 #include <time.h>
@@ -35,7 +40,8 @@ static sop_pool_t pools[2];
 static CUcontext ctx0;
 static CUfunction k_spin_fill, k_check;
 static unsigned *dev_errors; /* GPU: one counter per thread */
-static atomic_ulong host_errors, n_ops, n_oom, n_handoffs, n_syncs, n_trims;
+static unsigned replace_permille = 2; /* of operations that replace one of a thread's streams */
+static atomic_ulong host_errors, n_ops, n_oom, n_handoffs, n_syncs, n_trims, n_replaced;
 
 struct block {
 	void *p;
@@ -209,7 +215,11 @@ op_free(struct worker *w, int k)
 		TH_OK(sop_event_record(ev, s));
 		TH_OK(sop_stream_wait_event(other, ev, 0));
 		TH_OK(sop_free_async(b->p, other));
-		TH_OK(sop_event_destroy(ev));
+		/* Now and then behind sop's back: the next event may get this handle. */
+		if (rnd(&w->rng) % 2)
+			TH_OK(sop_event_destroy(ev));
+		else
+			TH_OK(th.cuEventDestroy(ev));
 	} else {
 		/* Handed to the next thread, which checks it again and frees it. */
 		struct mailbox *box = &boxes[(w->tid + 1) % n_threads];
@@ -232,12 +242,47 @@ op_free(struct worker *w, int k)
 	b->p = NULL;
 }
 
+/* Free what the thread holds on one of its streams there, destroy the stream with that work
+ * still running, and make a new one, which the driver may give the old handle; half the time
+ * the new stream is ordered after the old one's work through an event, as a program that hands
+ * work on would do. */
+static void
+op_replace(struct worker *w, int which)
+{
+	CUstream old = w->s[which];
+	bool chain = rnd(&w->rng) % 2;
+	CUevent ev = NULL;
+	int k;
+
+	for (k = 0; k < SLOTS; k++) {
+		struct block *b = &w->slot[k];
+		if (b->p && w->slot_stream[k] == which) {
+			check(b, old, w->tid);
+			TH_OK(sop_free_async(b->p, old));
+			b->p = NULL;
+		}
+	}
+	if (chain) {
+		TH_OK(th.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+		TH_OK(sop_event_record(ev, old));
+	}
+	th_stream_destroy(old);
+	w->s[which] = th_stream();
+	if (chain) {
+		TH_OK(sop_stream_wait_event(w->s[which], ev, 0));
+		TH_OK(sop_event_destroy(ev));
+	}
+	atomic_fetch_add(&n_replaced, 1);
+}
+
 static void
 op_misc(struct worker *w)
 {
 	unsigned r = (unsigned)(rnd(&w->rng) % 1000);
 
-	if (r < 5) {
+	if (r >= 1000 - replace_permille) {
+		op_replace(w, (int)(rnd(&w->rng) % 2));
+	} else if (r < 5) {
 		TH_OK(sop_stream_synchronize(w->s[r % 2]));
 		atomic_fetch_add(&n_syncs, 1);
 	} else if (r < 7) {
@@ -302,6 +347,8 @@ main(int argc, char **argv)
 			n_threads = atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--seed"))
 			seed0 = strtoull(argv[i + 1], NULL, 0);
+		else if (!strcmp(argv[i], "--replace"))
+			replace_permille = (unsigned)atoi(argv[i + 1]);
 	}
 	if (n_threads < 1 || n_threads > MAX_THREADS)
 		n_threads = 4;
@@ -348,10 +395,12 @@ main(int argc, char **argv)
 			atomic_fetch_add(&host_errors, host_bad[i]);
 	}
 	printf("integrity: %s, %d threads, %.0f s, seed %llu: %lu operations, %lu handoffs, "
-	       "%lu synchronizations, %lu trims, %lu out of memory, %lu errors\n",
+	       "%lu synchronizations, %lu trims, %lu streams replaced busy, %lu out of memory, "
+	       "%lu errors\n",
 	       gpu ? "GPU" : "simulated driver", n_threads, seconds, (unsigned long long)seed0,
 	       atomic_load(&n_ops), atomic_load(&n_handoffs), atomic_load(&n_syncs),
-	       atomic_load(&n_trims), atomic_load(&n_oom), atomic_load(&host_errors));
+	       atomic_load(&n_trims), atomic_load(&n_replaced), atomic_load(&n_oom),
+	       atomic_load(&host_errors));
 	TH_EQ(atomic_load(&host_errors), 0);
 	for (i = 0; i < 2; i++) {
 		TH_CHECK(pools[i]);
