@@ -1,10 +1,10 @@
 /* handles.c - a stream destroyed, and a new one the driver creates at the same handle: the new
  * stream's frees must become reusable at its synchronization and be released by a trim, whatever
- * the thread remembered about the handle's old stream. (sop tells streams apart by handle on
- * the hot path; a pool identifies a stream by its id the first time it sees the handle, and the
- * synchronization path must then agree with it.) The driver on an H100 hands a destroyed
- * stream's handle to the next stream at once; the simulated driver does sometimes, so the test
- * creates streams until one lands on the old handle, and skips if none does. */
+ * the thread remembered about the handle's old stream. The driver on an H100 hands a destroyed
+ * stream's handle to the next stream at once, and so does the simulated driver unless told to
+ * hand out fresh values (SOP_SIM_HANDLES=fresh): the test creates streams until one lands on the
+ * old handle, and skips if none does. test/recycle.c has the scenarios with the old stream still
+ * busy. */
 #include <unistd.h>
 
 #include "helpers.h"

@@ -2,8 +2,9 @@
  * Private declarations shared by the files of the simulated CUDA driver.
  *
  * sim.c        initialisation, configuration, call counting, fault injection,
- *              devices, primary contexts, the per-thread context stack
- * sim-table.c  a small intrusive hash table (handle and object registries)
+ *              devices, primary and created contexts, the per-thread context stack
+ * sim-handle.c handle values of streams, events and created contexts
+ * sim-table.c  a small intrusive hash table (allocation handles)
  * sim-lookup.c error strings and cuGetProcAddress
  * sim-vmm.c    virtual memory management (reserve, create, map, access)
  * sim-stream.c streams, events, asynchronous memsets, copies, host functions
@@ -46,6 +47,7 @@
 	X(cuDeviceTotalMem) X(cuDeviceGetAttribute) X(cuDeviceCanAccessPeer) \
 	X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) \
 	X(cuDevicePrimaryCtxGetState) \
+	X(cuCtxCreate) X(cuCtxDestroy) \
 	X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent) \
 	X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuCtxGetId) \
 	X(cuCtxGetStreamPriorityRange) \
@@ -111,10 +113,18 @@ _Noreturn void sim_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)
 
 /* ---- per-thread state (sim.c) ---- */
 
-struct CUctx_st;
-struct CUstream_st;
+struct sim_ctx;
+struct sim_stream;
+struct sim_event;
 
 #define SIM_CTX_STACK_MAX 64
+
+/* A thread's default stream (CU_STREAM_PER_THREAD) in one context. */
+struct sim_per_thread {
+	struct sim_per_thread *next;
+	uint64_t ctx_serial;		/* the context's sim_ctx.serial */
+	struct sim_stream *stream;	/* holds a reference */
+};
 
 /*
  * What the driver keeps per thread. It lives in a pthread key rather than in
@@ -125,39 +135,107 @@ struct CUstream_st;
 struct sim_thread {
 	bool in_host_fn;	/* a stream worker runs a host function */
 	int ctx_depth;
-	struct CUctx_st *ctx_stack[SIM_CTX_STACK_MAX];
-	struct CUstream_st *per_thread[SIM_MAX_DEVICES];	/* CU_STREAM_PER_THREAD */
+	/* Each entry holds a reference on its context. */
+	struct sim_ctx *ctx_stack[SIM_CTX_STACK_MAX];
+	struct sim_per_thread *per_thread;
+	/*
+	 * The gate's call counters, per thread so that a call writes to no
+	 * cache line that other threads write; sim_calls() adds them up.
+	 */
+	atomic_ulong calls[SIM_E_COUNT];
+	/* The handle table slot this thread is reading (sim-handle.c), or NULL. */
+	_Atomic(const void *) hazard;
+	struct sim_thread *prev, *next;	/* every thread's state, under sim.c's lock */
 };
 
 /* The calling thread's state; with create false, NULL if it has none yet. */
 struct sim_thread *sim_thread(bool create);
+/* Waits until no thread has p as its hazard. */
+void sim_thread_hazard_wait(const void *p);
 
 /* CUDA_ERROR_* name to code (sim-lookup.c), for SOP_SIM_FAIL. */
 bool sim_error_by_name(const char *name, CUresult *code);
 
 /* ---- devices and contexts (sim.c) ---- */
 
-/* The primary context of one device; CUcontext points at it. */
-struct CUctx_st {
+/*
+ * A context: one primary context per device, which never goes away, and the
+ * contexts of cuCtxCreate, which cuCtxDestroy ends.
+ */
+struct sim_ctx {
+	uint64_t handle;	/* primary: the object's address; created: from sim-handle.c */
 	int device;
-	atomic_long refs;		/* primary context retain count */
-	atomic_ullong id;		/* changes on every activation */
+	bool primary;
+	uint64_t serial;	/* never reused, unlike handle values and addresses */
+	atomic_long refs;	/* primary context retain count */
+	atomic_ullong id;	/* primary: changes on every activation */
+	/*
+	 * Created contexts only. `life` counts references: one until
+	 * cuCtxDestroy, one per entry on a thread's stack, per stream worker,
+	 * per stream object other than the legacy stream, per event, and per
+	 * lookup in progress; the object is freed when it reaches zero.
+	 * `current` counts the entries on threads' stacks.
+	 */
+	atomic_long life;
+	atomic_long current;
+	atomic_bool destroyed;
 	/*
 	 * Orders enqueues on the legacy stream against enqueues on blocking
-	 * streams, and guards the two fields below. Taken before any stream lock.
+	 * streams, and guards the lists below. Taken before any stream lock.
 	 */
 	pthread_mutex_t lock;
-	struct CUstream_st *legacy;	/* created on first use */
-	struct CUstream_st *streams;	/* every stream whose worker still runs */
+	/* Created on first use and kept until the context is freed; read without the lock. */
+	_Atomic(struct sim_stream *) legacy;
+	struct sim_stream *streams;	/* every stream whose worker still runs */
+	struct sim_event *events;	/* events not destroyed */
+	struct sim_ctx *created_next;	/* list of created contexts not yet freed */
 };
 
 bool sim_device_valid(int dev);
-/* The context of a valid device. */
-struct CUctx_st *sim_ctx_of_device(int dev);
 /* The calling thread's current context, checked to be active. */
-CUresult sim_ctx_current(struct CUctx_st **out);
+CUresult sim_ctx_current(struct sim_ctx **out);
+/* References on created contexts; nothing for primary contexts. */
+void sim_ctx_ref(struct sim_ctx *ctx);
+void sim_ctx_put(struct sim_ctx *ctx);
 
-/* ---- registry (sim-table.c) ---- */
+/* ---- handle values (sim-handle.c) ---- */
+
+/* A CUstream, CUevent or CUcontext as the number it is. */
+#define SIM_VALUE(handle) ((uint64_t)(uintptr_t)(handle))
+
+enum sim_handle_kind {
+	SIM_HANDLE_STREAM,
+	SIM_HANDLE_EVENT,
+	SIM_HANDLE_CONTEXT,
+	SIM_HANDLE_KINDS
+};
+
+/*
+ * Binds obj to a free handle value of its kind: in recycle mode the one freed
+ * most recently, in fresh mode one never handed out. The value is stored to
+ * *value before obj can be found through it. Returns the value, 0 when the
+ * kind has no value left.
+ */
+uint64_t sim_handle_bind(enum sim_handle_kind kind, void *obj, uint64_t *value);
+/*
+ * Unbinds value if it names obj (or anything, when obj is NULL) and returns
+ * the object it named, else NULL. The value is free for the next bind when
+ * this returns.
+ */
+void *sim_handle_unbind(enum sim_handle_kind kind, uint64_t value, const void *obj);
+/*
+ * Calls fn(obj, arg) on the object that value names, which its owner cannot
+ * free while fn runs, so fn may take a reference or copy fields; fn must be
+ * short and must not call into the sim. False when value names nothing.
+ */
+bool sim_handle_visit(enum sim_handle_kind kind, uint64_t value, void (*fn)(void *obj, void *arg),
+		      void *arg);
+/* Number of values bound. */
+long sim_handle_count(enum sim_handle_kind kind);
+/* Recycle (the default) or fresh values for later binds; sim_handles_recycle() in sim.h. */
+void sim_handle_set_recycle(bool on);
+
+/* ---- registry of allocation handles (sim-table.c) ---- */
 
 /* Embedded in each registered object; the key is its handle value. */
 struct sim_node {
@@ -189,5 +267,13 @@ size_t sim_vmm_device_used(int dev);
 void sim_stream_live(struct sim_live *out);
 /* Retires an exiting thread's per-thread default streams. */
 void sim_stream_thread_exit(struct sim_thread *t);
+/*
+ * cuCtxDestroy's part in sim-stream.c: waits until no stream of ctx has work
+ * queued, then destroys its streams and events and retires its legacy and
+ * per-thread streams. The caller has marked ctx destroyed.
+ */
+void sim_stream_ctx_destroy(struct sim_ctx *ctx);
+/* Lets go of what ctx still holds in sim-stream.c, when the context is freed. */
+void sim_stream_ctx_free(struct sim_ctx *ctx);
 
 #endif /* SOP_SIM_INTERNAL_H */

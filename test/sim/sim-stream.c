@@ -10,8 +10,10 @@
  * (stream, sequence number) pair, reached once `completed` gets there. Events
  * hold the position of their last record; waits block a worker until another
  * stream reaches a position. Objects are reference counted, so a stream stays
- * alive (and its address unused) while its queue drains after cuStreamDestroy
- * or while an event or a wait still refers to it.
+ * alive while its queue drains after cuStreamDestroy or while an event or a
+ * wait still refers to it. Its handle value, though, is free at once
+ * (sim-handle.c) and may name the next stream created, as on the driver:
+ * every handle is looked up in the handle table, never taken for an object.
  *
  * Legacy default stream semantics are made of implicit waits added at enqueue
  * time, under the context lock so that enqueues are totally ordered: an
@@ -19,8 +21,8 @@
  * pending work, and an operation on a blocking stream first waits for the
  * legacy stream's pending work.
  *
- * Lock order: event lock, then context lock, then stream lock; the registry
- * lock is taken alone.
+ * Lock order: event lock, then context lock, then stream lock; the handle
+ * tables' locks come last.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -66,11 +68,11 @@ struct op {
 			size_t bytes;
 		} copy;
 		struct {
-			struct CUstream_st *stream;	/* holds a reference */
+			struct sim_stream *stream;	/* holds a reference */
 			uint64_t seq;
 		} wait;
 		struct {
-			struct CUevent_st *event;	/* holds a reference */
+			struct sim_event *event;	/* holds a reference */
 			uint64_t gen;
 		} record;
 	};
@@ -82,15 +84,15 @@ enum stream_kind {
 	STREAM_PER_THREAD,
 };
 
-struct CUstream_st {
-	struct sim_node node;		/* registry entry of user streams */
-	struct CUctx_st *ctx;
+struct sim_stream {
+	struct sim_ctx *ctx;		/* a reference, but for the legacy stream */
 	enum stream_kind kind;
 	unsigned flags;
 	int priority;
 	unsigned long long id;
+	uint64_t handle;		/* user streams: the value handed out */
 	atomic_long refs;
-	struct CUstream_st *ctx_next;	/* ctx->streams, under ctx->lock */
+	struct sim_stream *ctx_next;	/* ctx->streams, under ctx->lock */
 
 	pthread_mutex_t lock;		/* everything below */
 	pthread_cond_t work_cv;		/* to the worker: new op, or retired */
@@ -101,14 +103,15 @@ struct CUstream_st {
 	bool retired;			/* takes no more work; worker exits when drained */
 };
 
-struct CUevent_st {
-	struct sim_node node;		/* registry entry */
-	struct CUctx_st *ctx;
+struct sim_event {
+	struct sim_ctx *ctx;		/* a reference */
+	uint64_t handle;
 	unsigned flags;
 	atomic_long refs;
+	struct sim_event *ctx_prev, *ctx_next;	/* ctx->events, under ctx->lock */
 
 	pthread_mutex_t lock;		/* everything below */
-	struct CUstream_st *stream;	/* last record's position; NULL: never recorded */
+	struct sim_stream *stream;	/* last record's position; NULL: never recorded */
 	uint64_t seq;
 	uint64_t gen;			/* number of records so far */
 	struct timespec time;		/* when the record of `gen` ran */
@@ -116,44 +119,46 @@ struct CUevent_st {
 
 /* A position to wait for, with a reference on its stream. */
 struct pos {
-	struct CUstream_st *stream;
+	struct sim_stream *stream;
 	uint64_t seq;
 };
 
-static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct sim_table stream_registry;
-static struct sim_table event_registry;
-static long live_streams;
-static long live_events;
-
-/* Ids are never reused, unlike addresses. */
+/* Ids are never reused, unlike handle values. */
 static atomic_ullong next_stream_id = 1;
 
 /* ---- reference counting ---- */
 
-static void stream_ref(struct CUstream_st *s)
+static void stream_ref(struct sim_stream *s)
 {
 	atomic_fetch_add(&s->refs, 1);
 }
 
-static void stream_put(struct CUstream_st *s)
+static void stream_put(struct sim_stream *s)
 {
+	struct sim_ctx *ctx = s->ctx;
+	bool legacy = s->kind == STREAM_LEGACY;
+
 	if (atomic_fetch_sub(&s->refs, 1) != 1)
 		return;
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->work_cv);
 	pthread_cond_destroy(&s->done_cv);
 	free(s);
+	if (!legacy)
+		sim_ctx_put(ctx);
 }
 
-static void event_put(struct CUevent_st *e)
+static void event_put(struct sim_event *e)
 {
+	struct sim_ctx *ctx = e->ctx;
+
 	if (atomic_fetch_sub(&e->refs, 1) != 1)
 		return;
 	if (e->stream)
 		stream_put(e->stream);
 	pthread_mutex_destroy(&e->lock);
 	free(e);
+	sim_ctx_put(ctx);
 }
 
 static void op_free(struct op *op)
@@ -177,7 +182,7 @@ static void op_free_list(struct op *op)
 
 /* ---- positions ---- */
 
-static bool pos_reached(struct CUstream_st *s, uint64_t seq)
+static bool pos_reached(struct sim_stream *s, uint64_t seq)
 {
 	bool done;
 
@@ -187,7 +192,7 @@ static bool pos_reached(struct CUstream_st *s, uint64_t seq)
 	return done;
 }
 
-static void pos_wait(struct CUstream_st *s, uint64_t seq)
+static void pos_wait(struct sim_stream *s, uint64_t seq)
 {
 	pthread_mutex_lock(&s->lock);
 	while (s->completed < seq)
@@ -196,7 +201,7 @@ static void pos_wait(struct CUstream_st *s, uint64_t seq)
 }
 
 /* The stream's current end, or 0 when all its work is done already. */
-static uint64_t pending_end(struct CUstream_st *s)
+static uint64_t pending_end(struct sim_stream *s)
 {
 	uint64_t end;
 
@@ -206,7 +211,7 @@ static uint64_t pending_end(struct CUstream_st *s)
 	return end;
 }
 
-static bool is_blocking(const struct CUstream_st *s)
+static bool is_blocking(const struct sim_stream *s)
 {
 	return s->kind != STREAM_LEGACY && !(s->flags & CU_STREAM_NON_BLOCKING);
 }
@@ -216,9 +221,9 @@ static bool is_blocking(const struct CUstream_st *s)
  * for cuCtxSynchronize), or the legacy stream and the blocking streams (what
  * synchronising with the legacy stream means). Free with positions_drop().
  */
-static CUresult ctx_positions(struct CUctx_st *ctx, bool legacy_only, struct pos **out, size_t *n)
+static CUresult ctx_positions(struct sim_ctx *ctx, bool legacy_only, struct pos **out, size_t *n)
 {
-	struct CUstream_st *s;
+	struct sim_stream *s;
 	struct pos *p;
 	size_t cap = 0;
 
@@ -278,7 +283,7 @@ static void run_memset(const struct op *op)
 
 static void run_record(const struct op *op)
 {
-	struct CUevent_st *e = op->record.event;
+	struct sim_event *e = op->record.event;
 
 	pthread_mutex_lock(&e->lock);
 	/* A record that was overwritten by a later one leaves no trace. */
@@ -319,9 +324,9 @@ static void op_run(const struct op *op)
 	}
 }
 
-static void ctx_unlink(struct CUstream_st *s)
+static void ctx_unlink(struct sim_stream *s)
 {
-	struct CUstream_st **link;
+	struct sim_stream **link;
 
 	pthread_mutex_lock(&s->ctx->lock);
 	for (link = &s->ctx->streams; *link != s; link = &(*link)->ctx_next)
@@ -332,7 +337,8 @@ static void ctx_unlink(struct CUstream_st *s)
 
 static void *stream_worker(void *arg)
 {
-	struct CUstream_st *s = arg;
+	struct sim_stream *s = arg;
+	struct sim_ctx *ctx = s->ctx;
 	struct op *op;
 
 	pthread_mutex_lock(&s->lock);
@@ -358,20 +364,25 @@ static void *stream_worker(void *arg)
 	pthread_mutex_unlock(&s->lock);
 	ctx_unlink(s);
 	stream_put(s);
+	sim_ctx_put(ctx);
 	return NULL;
 }
 
 /* ---- stream objects ---- */
 
 /* A new stream with a running worker, linked into ctx; caller holds ctx->lock. */
-static CUresult stream_new_locked(struct CUctx_st *ctx, enum stream_kind kind, unsigned flags,
-				  int priority, struct CUstream_st **out)
+static CUresult stream_new_locked(struct sim_ctx *ctx, enum stream_kind kind, unsigned flags,
+				  int priority, struct sim_stream **out)
 {
-	struct CUstream_st *s = calloc(1, sizeof(*s));
+	struct sim_stream *s;
 	pthread_attr_t attr;
 	pthread_t thread;
 	int err;
 
+	/* cuCtxDestroy marks the context under its lock, and from then on nothing joins. */
+	if (atomic_load(&ctx->destroyed))
+		return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+	s = calloc(1, sizeof(*s));
 	if (!s)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	s->ctx = ctx;
@@ -379,9 +390,16 @@ static CUresult stream_new_locked(struct CUctx_st *ctx, enum stream_kind kind, u
 	s->flags = flags;
 	s->priority = priority;
 	s->id = atomic_fetch_add(&next_stream_id, 1);
-	s->node.key = (uint64_t)(uintptr_t)s;
 	/* One reference for the owner (handle, context or thread), one for the worker. */
 	atomic_init(&s->refs, 2);
+	/*
+	 * The worker keeps the context until it has unlinked itself, and the
+	 * stream object keeps it while it lives, but for the legacy stream,
+	 * which the context keeps instead.
+	 */
+	sim_ctx_ref(ctx);
+	if (kind != STREAM_LEGACY)
+		sim_ctx_ref(ctx);
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->work_cv, NULL);
 	pthread_cond_init(&s->done_cv, NULL);
@@ -390,6 +408,7 @@ static CUresult stream_new_locked(struct CUctx_st *ctx, enum stream_kind kind, u
 	err = pthread_create(&thread, &attr, stream_worker, s);
 	pthread_attr_destroy(&attr);
 	if (err) {
+		sim_ctx_put(ctx);
 		atomic_store(&s->refs, 1);
 		stream_put(s);
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -402,7 +421,7 @@ static CUresult stream_new_locked(struct CUctx_st *ctx, enum stream_kind kind, u
 }
 
 /* No more work for s: its worker finishes what is queued and exits. */
-static void stream_retire(struct CUstream_st *s)
+static void stream_retire(struct sim_stream *s)
 {
 	pthread_mutex_lock(&s->lock);
 	s->retired = true;
@@ -410,98 +429,158 @@ static void stream_retire(struct CUstream_st *s)
 	pthread_mutex_unlock(&s->lock);
 }
 
-static CUresult ctx_legacy(struct CUctx_st *ctx, struct CUstream_st **out)
+/*
+ * The legacy stream of a context current on this thread, borrowed: the
+ * context keeps it until the context is freed, so no lock or reference is
+ * needed once it exists.
+ */
+static CUresult ctx_legacy(struct sim_ctx *ctx, struct sim_stream **out)
 {
+	struct sim_stream *s = atomic_load_explicit(&ctx->legacy, memory_order_acquire);
 	CUresult rc = CUDA_SUCCESS;
 
-	pthread_mutex_lock(&ctx->lock);
-	if (!ctx->legacy)
-		rc = stream_new_locked(ctx, STREAM_LEGACY, 0, 0, &ctx->legacy);
-	if (rc == CUDA_SUCCESS) {
-		*out = ctx->legacy;
-		stream_ref(*out);
+	if (!s) {
+		pthread_mutex_lock(&ctx->lock);
+		s = atomic_load_explicit(&ctx->legacy, memory_order_relaxed);
+		if (!s) {
+			rc = stream_new_locked(ctx, STREAM_LEGACY, 0, 0, &s);
+			if (rc == CUDA_SUCCESS)
+				atomic_store_explicit(&ctx->legacy, s, memory_order_release);
+		}
+		pthread_mutex_unlock(&ctx->lock);
 	}
-	pthread_mutex_unlock(&ctx->lock);
+	if (rc == CUDA_SUCCESS)
+		*out = s;
 	return rc;
+}
+
+static bool stream_retired(struct sim_stream *s)
+{
+	bool retired;
+
+	pthread_mutex_lock(&s->lock);
+	retired = s->retired;
+	pthread_mutex_unlock(&s->lock);
+	return retired;
 }
 
 /* Retired by the thread state's destructor when the thread exits. */
 void sim_stream_thread_exit(struct sim_thread *t)
 {
-	for (int i = 0; i < SIM_MAX_DEVICES; i++) {
-		if (t->per_thread[i]) {
-			stream_retire(t->per_thread[i]);
-			stream_put(t->per_thread[i]);
-			t->per_thread[i] = NULL;
-		}
+	struct sim_per_thread *pt;
+
+	while ((pt = t->per_thread)) {
+		t->per_thread = pt->next;
+		stream_retire(pt->stream);
+		stream_put(pt->stream);
+		free(pt);
 	}
 }
 
-/* The calling thread's default stream in ctx, created on first use. */
-static CUresult ctx_per_thread(struct CUctx_st *ctx, struct CUstream_st **out)
+/* The calling thread's default stream in ctx, created on first use; borrowed from the thread. */
+static CUresult ctx_per_thread(struct sim_ctx *ctx, struct sim_stream **out)
 {
 	struct sim_thread *t = sim_thread(true);
-	struct CUstream_st **slot = &t->per_thread[ctx->device];
+	struct sim_per_thread *pt, **link;
 	CUresult rc;
 
-	if (!*slot) {
-		pthread_mutex_lock(&ctx->lock);
-		rc = stream_new_locked(ctx, STREAM_PER_THREAD, 0, 0, slot);
-		pthread_mutex_unlock(&ctx->lock);
-		if (rc != CUDA_SUCCESS)
-			return rc;
+	/* By serial: a context's address and handle value may be another's later. */
+	for (pt = t->per_thread; pt; pt = pt->next) {
+		if (pt->ctx_serial == ctx->serial) {
+			*out = pt->stream;
+			return CUDA_SUCCESS;
+		}
 	}
-	*out = *slot;
-	stream_ref(*out);
+	/* cuCtxDestroy retired the streams of destroyed contexts; let go of them here. */
+	for (link = &t->per_thread; (pt = *link);) {
+		if (stream_retired(pt->stream)) {
+			*link = pt->next;
+			stream_put(pt->stream);
+			free(pt);
+		} else {
+			link = &pt->next;
+		}
+	}
+	pt = malloc(sizeof(*pt));
+	if (!pt)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	pthread_mutex_lock(&ctx->lock);
+	rc = stream_new_locked(ctx, STREAM_PER_THREAD, 0, 0, &pt->stream);
+	pthread_mutex_unlock(&ctx->lock);
+	if (rc != CUDA_SUCCESS) {
+		free(pt);
+		return rc;
+	}
+	pt->ctx_serial = ctx->serial;
+	pt->next = t->per_thread;
+	t->per_thread = pt;
+	*out = pt->stream;
 	return CUDA_SUCCESS;
 }
 
-/*
- * The stream a handle names, with a reference: NULL and CU_STREAM_LEGACY are
- * the current context's legacy stream, CU_STREAM_PER_THREAD its per-thread
- * stream; anything else must be a live stream.
- */
-static CUresult stream_get(CUstream handle, struct CUstream_st **out)
+static bool handle_special(CUstream handle)
 {
-	struct CUctx_st *ctx;
-	struct sim_node *n;
-	CUresult rc;
-
-	if (handle == NULL || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD) {
-		rc = sim_ctx_current(&ctx);
-		if (rc != CUDA_SUCCESS)
-			return rc;
-		if (handle == CU_STREAM_PER_THREAD)
-			return ctx_per_thread(ctx, out);
-		return ctx_legacy(ctx, out);
-	}
-	pthread_mutex_lock(&registry_lock);
-	n = sim_table_find(&stream_registry, (uint64_t)(uintptr_t)handle);
-	if (n) {
-		*out = sim_container_of(n, struct CUstream_st, node);
-		stream_ref(*out);
-	}
-	pthread_mutex_unlock(&registry_lock);
-	return n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+	return handle == NULL || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD;
 }
 
-static CUresult event_get(CUevent handle, struct CUevent_st **out)
+/*
+ * The stream that NULL or CU_STREAM_LEGACY (the legacy stream) or
+ * CU_STREAM_PER_THREAD (the thread's default stream) names in the current
+ * context; borrowed, as the context and the thread keep these alive.
+ */
+static CUresult stream_special(CUstream handle, struct sim_stream **out)
 {
-	struct sim_node *n;
+	struct sim_ctx *ctx;
+	CUresult rc;
 
-	pthread_mutex_lock(&registry_lock);
-	n = sim_table_find(&event_registry, (uint64_t)(uintptr_t)handle);
-	if (n) {
-		*out = sim_container_of(n, struct CUevent_st, node);
-		atomic_fetch_add(&(*out)->refs, 1);
+	rc = sim_ctx_current(&ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (handle == CU_STREAM_PER_THREAD)
+		return ctx_per_thread(ctx, out);
+	return ctx_legacy(ctx, out);
+}
+
+static void stream_take(void *obj, void *arg)
+{
+	stream_ref(obj);
+	*(struct sim_stream **)arg = obj;
+}
+
+/* The stream a handle names, with a reference: a special handle, or a live stream. */
+static CUresult stream_get(CUstream handle, struct sim_stream **out)
+{
+	CUresult rc;
+
+	if (handle_special(handle)) {
+		rc = stream_special(handle, out);
+		if (rc == CUDA_SUCCESS)
+			stream_ref(*out);
+		return rc;
 	}
-	pthread_mutex_unlock(&registry_lock);
-	return n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+	if (!sim_handle_visit(SIM_HANDLE_STREAM, SIM_VALUE(handle), stream_take, out))
+		return CUDA_ERROR_INVALID_HANDLE;
+	return CUDA_SUCCESS;
+}
+
+static void event_take(void *obj, void *arg)
+{
+	struct sim_event *e = obj;
+
+	atomic_fetch_add(&e->refs, 1);
+	*(struct sim_event **)arg = e;
+}
+
+static CUresult event_get(CUevent handle, struct sim_event **out)
+{
+	if (!sim_handle_visit(SIM_HANDLE_EVENT, SIM_VALUE(handle), event_take, out))
+		return CUDA_ERROR_INVALID_HANDLE;
+	return CUDA_SUCCESS;
 }
 
 /* ---- enqueueing ---- */
 
-static struct op *op_wait_new(struct CUstream_st *target, uint64_t seq)
+static struct op *op_wait_new(struct sim_stream *target, uint64_t seq)
 {
 	struct op *w = calloc(1, sizeof(*w));
 
@@ -515,7 +594,7 @@ static struct op *op_wait_new(struct CUstream_st *target, uint64_t seq)
 }
 
 /* Appends a wait for target's pending work to *list; false if out of memory. */
-static bool implicit_wait(struct CUstream_st *target, struct op **list)
+static bool implicit_wait(struct sim_stream *target, struct op **list)
 {
 	uint64_t end = pending_end(target);
 	struct op *w;
@@ -531,20 +610,23 @@ static bool implicit_wait(struct CUstream_st *target, struct op **list)
 }
 
 /* The implicit waits that legacy stream semantics put in front of work on s. */
-static bool legacy_waits(struct CUstream_st *s, struct op **list)
+static bool legacy_waits(struct sim_stream *s, struct op **list)
 {
-	struct CUctx_st *ctx = s->ctx;
+	struct sim_ctx *ctx = s->ctx;
 
-	if (s->kind != STREAM_LEGACY)
-		return !ctx->legacy || implicit_wait(ctx->legacy, list);
-	for (struct CUstream_st *t = ctx->streams; t; t = t->ctx_next)
+	if (s->kind != STREAM_LEGACY) {
+		struct sim_stream *legacy = atomic_load(&ctx->legacy);
+
+		return !legacy || implicit_wait(legacy, list);
+	}
+	for (struct sim_stream *t = ctx->streams; t; t = t->ctx_next)
 		if (t != s && is_blocking(t) && !implicit_wait(t, list))
 			return false;
 	return true;
 }
 
 /* Appends the list (ending in the caller's op) to s; gives the last op's position. */
-static CUresult push(struct CUstream_st *s, struct op *list, uint64_t *seq)
+static CUresult push(struct sim_stream *s, struct op *list, uint64_t *seq)
 {
 	struct op *last = list;
 
@@ -571,7 +653,7 @@ static CUresult push(struct CUstream_st *s, struct op *list, uint64_t *seq)
 }
 
 /* Enqueues op (taking ownership of it, even on failure) on s. */
-static CUresult enqueue(struct CUstream_st *s, struct op *op, uint64_t *seq)
+static CUresult enqueue(struct sim_stream *s, struct op *op, uint64_t *seq)
 {
 	struct op *list = NULL, **tail;
 	CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
@@ -604,7 +686,7 @@ static CUresult enqueue(struct CUstream_st *s, struct op *op, uint64_t *seq)
 /* Enqueues a copy of *tmpl on the stream named by handle; waits for it if sync. */
 static CUresult submit(CUstream handle, const struct op *tmpl, bool sync)
 {
-	struct CUstream_st *s;
+	struct sim_stream *s;
 	struct op *op;
 	uint64_t seq;
 	CUresult rc;
@@ -629,8 +711,9 @@ static CUresult submit(CUstream handle, const struct op *tmpl, bool sync)
 
 static CUresult stream_create(CUstream *ph, unsigned flags, int priority)
 {
-	struct CUctx_st *ctx;
-	struct CUstream_st *s;
+	struct sim_ctx *ctx;
+	struct sim_stream *s;
+	uint64_t value = 0;
 	CUresult rc;
 
 	if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
@@ -638,17 +721,21 @@ static CUresult stream_create(CUstream *ph, unsigned flags, int priority)
 	rc = sim_ctx_current(&ctx);
 	if (rc != CUDA_SUCCESS)
 		return rc;
+	/* Bound under the context lock, so that cuCtxDestroy finds each stream with its value. */
 	pthread_mutex_lock(&ctx->lock);
 	rc = stream_new_locked(ctx, STREAM_USER, flags, priority, &s);
+	if (rc == CUDA_SUCCESS && !sim_handle_bind(SIM_HANDLE_STREAM, s, &s->handle)) {
+		/* The worker still holds the stream: this frees nothing under the lock. */
+		stream_retire(s);
+		stream_put(s);
+		rc = CUDA_ERROR_OUT_OF_MEMORY;
+	} else if (rc == CUDA_SUCCESS) {
+		value = s->handle;
+	}
 	pthread_mutex_unlock(&ctx->lock);
-	if (rc != CUDA_SUCCESS)
-		return rc;
-	pthread_mutex_lock(&registry_lock);
-	sim_table_insert(&stream_registry, &s->node);
-	live_streams++;
-	pthread_mutex_unlock(&registry_lock);
-	*ph = s;
-	return CUDA_SUCCESS;
+	if (rc == CUDA_SUCCESS)
+		*ph = (CUstream)(uintptr_t)value;
+	return rc;
 }
 
 SIM_EXPORT CUresult CUDAAPI cuStreamCreate(CUstream *ph, unsigned int flags)
@@ -671,19 +758,16 @@ SIM_EXPORT CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *ph, unsigned in
 
 SIM_EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream handle)
 {
-	struct sim_node *n;
-	struct CUstream_st *s;
+	struct sim_stream *s;
 
 	SIM_ENTER(cuStreamDestroy);
-	pthread_mutex_lock(&registry_lock);
-	n = sim_table_remove(&stream_registry, (uint64_t)(uintptr_t)handle);
-	if (n)
-		live_streams--;
-	pthread_mutex_unlock(&registry_lock);
-	if (!n)
+	s = sim_handle_unbind(SIM_HANDLE_STREAM, SIM_VALUE(handle), NULL);
+	if (!s)
 		return CUDA_ERROR_INVALID_HANDLE;
-	/* Returns at once; queued work still runs, then the worker lets go. */
-	s = sim_container_of(n, struct CUstream_st, node);
+	/*
+	 * Returns at once; queued work still runs, then the worker lets go.
+	 * The value is already free: the next stream created may get it.
+	 */
 	stream_retire(s);
 	stream_put(s);
 	return CUDA_SUCCESS;
@@ -692,7 +776,7 @@ SIM_EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream handle)
 /* Reached: every position of the stream's current work (legacy: and the blocking streams'). */
 static CUresult stream_reach(CUstream handle, bool wait)
 {
-	struct CUstream_st *s;
+	struct sim_stream *s;
 	struct pos *p, one;
 	size_t n = 1;
 	bool done = true;
@@ -740,7 +824,7 @@ SIM_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream handle)
 
 SIM_EXPORT CUresult CUDAAPI cuCtxSynchronize(void)
 {
-	struct CUctx_st *ctx;
+	struct sim_ctx *ctx;
 	struct pos *p;
 	size_t n;
 	CUresult rc;
@@ -757,49 +841,89 @@ SIM_EXPORT CUresult CUDAAPI cuCtxSynchronize(void)
 	return CUDA_SUCCESS;
 }
 
-/* Runs get() on the stream the handle names; for the simple getters. */
-#define WITH_STREAM(handle, out, get) \
+/* What the getters read, all fixed at creation. */
+struct stream_info {
+	unsigned long long id;
+	CUcontext ctx;
+	unsigned flags;
+	int priority;
+	CUdevice device;
+};
+
+static void stream_info_fill(void *obj, void *arg)
+{
+	const struct sim_stream *s = obj;
+	struct stream_info *info = arg;
+
+	info->id = s->id;
+	info->ctx = (CUcontext)(uintptr_t)s->ctx->handle;
+	info->flags = s->flags;
+	info->priority = s->priority;
+	info->device = s->ctx->device;
+}
+
+/*
+ * Copied under the handle table's read lock, without a reference: lookups of
+ * one stream from many threads (the library asks for a stream's id on every
+ * allocation) then share nothing but that read lock.
+ */
+static CUresult stream_info(CUstream handle, struct stream_info *info)
+{
+	struct sim_stream *s;
+	CUresult rc;
+
+	if (handle_special(handle)) {
+		rc = stream_special(handle, &s);
+		if (rc == CUDA_SUCCESS)
+			stream_info_fill(s, info);
+		return rc;
+	}
+	if (!sim_handle_visit(SIM_HANDLE_STREAM, SIM_VALUE(handle), stream_info_fill, info))
+		return CUDA_ERROR_INVALID_HANDLE;
+	return CUDA_SUCCESS;
+}
+
+/* The body of the simple getters: one field of stream_info. */
+#define STREAM_GETTER(handle, out, field) \
 	do { \
-		struct CUstream_st *s_; \
+		struct stream_info info_; \
 		CUresult rc_; \
 		if (!(out)) \
 			return CUDA_ERROR_INVALID_VALUE; \
-		rc_ = stream_get((handle), &s_); \
-		if (rc_ != CUDA_SUCCESS) \
-			return rc_; \
-		*(out) = (get); \
-		stream_put(s_); \
-		return CUDA_SUCCESS; \
+		rc_ = stream_info((handle), &info_); \
+		if (rc_ == CUDA_SUCCESS) \
+			*(out) = info_.field; \
+		return rc_; \
 	} while (0)
 
 SIM_EXPORT CUresult CUDAAPI cuStreamGetCtx(CUstream handle, CUcontext *pctx)
 {
 	SIM_ENTER(cuStreamGetCtx);
-	WITH_STREAM(handle, pctx, s_->ctx);
+	STREAM_GETTER(handle, pctx, ctx);
 }
 
 SIM_EXPORT CUresult CUDAAPI cuStreamGetFlags(CUstream handle, unsigned int *flags)
 {
 	SIM_ENTER(cuStreamGetFlags);
-	WITH_STREAM(handle, flags, s_->flags);
+	STREAM_GETTER(handle, flags, flags);
 }
 
 SIM_EXPORT CUresult CUDAAPI cuStreamGetPriority(CUstream handle, int *priority)
 {
 	SIM_ENTER(cuStreamGetPriority);
-	WITH_STREAM(handle, priority, s_->priority);
+	STREAM_GETTER(handle, priority, priority);
 }
 
 SIM_EXPORT CUresult CUDAAPI cuStreamGetId(CUstream handle, unsigned long long *id)
 {
 	SIM_ENTER(cuStreamGetId);
-	WITH_STREAM(handle, id, s_->id);
+	STREAM_GETTER(handle, id, id);
 }
 
 SIM_EXPORT CUresult CUDAAPI cuStreamGetDevice(CUstream handle, CUdevice *device)
 {
 	SIM_ENTER(cuStreamGetDevice);
-	WITH_STREAM(handle, device, s_->ctx->device);
+	STREAM_GETTER(handle, device, device);
 }
 
 SIM_EXPORT CUresult CUDAAPI cuLaunchHostFunc(CUstream handle, CUhostFn fn, void *data)
@@ -943,13 +1067,25 @@ SIM_EXPORT CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
 
 /* ---- events ---- */
 
+/* Takes e off its context's list; caller holds e->ctx->lock. */
+static void event_unlink(struct sim_event *e)
+{
+	if (e->ctx_prev)
+		e->ctx_prev->ctx_next = e->ctx_next;
+	else
+		e->ctx->events = e->ctx_next;
+	if (e->ctx_next)
+		e->ctx_next->ctx_prev = e->ctx_prev;
+}
+
 SIM_EXPORT CUresult CUDAAPI cuEventCreate(CUevent *ph, unsigned int flags)
 {
 	const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING |
 			       CU_EVENT_INTERPROCESS;
-	struct CUctx_st *ctx;
-	struct CUevent_st *e;
-	CUresult rc;
+	struct sim_ctx *ctx;
+	struct sim_event *e;
+	uint64_t value = 0;
+	CUresult rc = CUDA_SUCCESS;
 
 	SIM_ENTER(cuEventCreate);
 	if (!ph || (flags & ~known))
@@ -962,40 +1098,53 @@ SIM_EXPORT CUresult CUDAAPI cuEventCreate(CUevent *ph, unsigned int flags)
 	e = calloc(1, sizeof(*e));
 	if (!e)
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	sim_ctx_ref(ctx);
 	e->ctx = ctx;
 	e->flags = flags;
-	e->node.key = (uint64_t)(uintptr_t)e;
 	atomic_init(&e->refs, 1);
 	pthread_mutex_init(&e->lock, NULL);
-	pthread_mutex_lock(&registry_lock);
-	sim_table_insert(&event_registry, &e->node);
-	live_events++;
-	pthread_mutex_unlock(&registry_lock);
-	*ph = e;
+	/* Bound and listed in one step, for cuCtxDestroy and cuEventDestroy alike. */
+	pthread_mutex_lock(&ctx->lock);
+	if (atomic_load(&ctx->destroyed)) {
+		rc = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+	} else if (!sim_handle_bind(SIM_HANDLE_EVENT, e, &e->handle)) {
+		rc = CUDA_ERROR_OUT_OF_MEMORY;
+	} else {
+		value = e->handle;
+		e->ctx_next = ctx->events;
+		if (ctx->events)
+			ctx->events->ctx_prev = e;
+		ctx->events = e;
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	if (rc != CUDA_SUCCESS) {
+		event_put(e);
+		return rc;
+	}
+	*ph = (CUevent)(uintptr_t)value;
 	return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult CUDAAPI cuEventDestroy(CUevent handle)
 {
-	struct sim_node *n;
+	struct sim_event *e;
 
 	SIM_ENTER(cuEventDestroy);
-	pthread_mutex_lock(&registry_lock);
-	n = sim_table_remove(&event_registry, (uint64_t)(uintptr_t)handle);
-	if (n)
-		live_events--;
-	pthread_mutex_unlock(&registry_lock);
-	if (!n)
+	e = sim_handle_unbind(SIM_HANDLE_EVENT, SIM_VALUE(handle), NULL);
+	if (!e)
 		return CUDA_ERROR_INVALID_HANDLE;
+	pthread_mutex_lock(&e->ctx->lock);
+	event_unlink(e);
+	pthread_mutex_unlock(&e->ctx->lock);
 	/* A pending record keeps its own reference; the event dies after it. */
-	event_put(sim_container_of(n, struct CUevent_st, node));
+	event_put(e);
 	return CUDA_SUCCESS;
 }
 
 static CUresult event_record(CUevent handle, CUstream stream_handle)
 {
-	struct CUevent_st *e;
-	struct CUstream_st *s, *old = NULL;
+	struct sim_event *e;
+	struct sim_stream *s, *old = NULL;
 	struct op *op;
 	uint64_t seq;
 	CUresult rc;
@@ -1056,7 +1205,7 @@ SIM_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent handle, CUstream stre
 /* The event's last record position, with a reference; stream NULL if never recorded. */
 static CUresult event_position(CUevent handle, struct pos *p)
 {
-	struct CUevent_st *e;
+	struct sim_event *e;
 	CUresult rc;
 
 	rc = event_get(handle, &e);
@@ -1102,7 +1251,7 @@ SIM_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent handle)
 }
 
 /* When a timed, recorded and completed event happened. */
-static CUresult event_time(struct CUevent_st *e, struct timespec *t)
+static CUresult event_time(struct sim_event *e, struct timespec *t)
 {
 	CUresult rc = CUDA_SUCCESS;
 
@@ -1121,7 +1270,7 @@ static CUresult event_time(struct CUevent_st *e, struct timespec *t)
 
 SIM_EXPORT CUresult CUDAAPI cuEventElapsedTime(float *ms, CUevent start, CUevent end)
 {
-	struct CUevent_st *a, *b;
+	struct sim_event *a, *b;
 	struct timespec ta, tb;
 	CUresult rc;
 
@@ -1147,7 +1296,7 @@ SIM_EXPORT CUresult CUDAAPI cuEventElapsedTime(float *ms, CUevent start, CUevent
 
 SIM_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream handle, CUevent event, unsigned int flags)
 {
-	struct CUstream_st *s;
+	struct sim_stream *s;
 	struct pos p;
 	struct op *op;
 	uint64_t seq;
@@ -1178,10 +1327,67 @@ out:
 	return rc;
 }
 
+/* ---- created contexts ---- */
+
+void sim_stream_ctx_destroy(struct sim_ctx *ctx)
+{
+	struct sim_event *e, *next, *dead = NULL;
+	struct sim_stream *s;
+	uint64_t end = 0;
+
+	/* One stream at a time until none has work queued: nothing to allocate, nothing to fail. */
+	for (;;) {
+		pthread_mutex_lock(&ctx->lock);
+		for (s = ctx->streams; s; s = s->ctx_next) {
+			end = pending_end(s);
+			if (end) {
+				stream_ref(s);
+				break;
+			}
+		}
+		pthread_mutex_unlock(&ctx->lock);
+		if (!s)
+			break;
+		pos_wait(s, end);
+		stream_put(s);
+	}
+	pthread_mutex_lock(&ctx->lock);
+	for (s = ctx->streams; s; s = s->ctx_next) {
+		stream_retire(s);
+		/*
+		 * A user stream not destroyed yet lets go of its value, and
+		 * its handle's reference; its worker still holds it, so
+		 * nothing is freed under the lock.
+		 */
+		if (s->kind == STREAM_USER && sim_handle_unbind(SIM_HANDLE_STREAM, s->handle, s))
+			stream_put(s);
+	}
+	for (e = ctx->events; e; e = next) {
+		next = e->ctx_next;
+		/* An event that a racing cuEventDestroy unbound is unlinked there. */
+		if (sim_handle_unbind(SIM_HANDLE_EVENT, e->handle, e)) {
+			event_unlink(e);
+			e->ctx_next = dead;
+			dead = e;
+		}
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	while ((e = dead)) {
+		dead = e->ctx_next;
+		event_put(e);
+	}
+}
+
+void sim_stream_ctx_free(struct sim_ctx *ctx)
+{
+	struct sim_stream *legacy = atomic_load(&ctx->legacy);
+
+	if (legacy)
+		stream_put(legacy);
+}
+
 void sim_stream_live(struct sim_live *out)
 {
-	pthread_mutex_lock(&registry_lock);
-	out->streams = live_streams;
-	out->events = live_events;
-	pthread_mutex_unlock(&registry_lock);
+	out->streams = sim_handle_count(SIM_HANDLE_STREAM);
+	out->events = sim_handle_count(SIM_HANDLE_EVENT);
 }

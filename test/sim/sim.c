@@ -2,13 +2,15 @@
  * Core of the simulated CUDA driver: cuInit and the configuration read from
  * the environment, the gate every entry point passes (call counters, fault
  * rules, "not initialised", "no CUDA calls from host functions"), the control
- * API of sim.h, devices, primary contexts and the per-thread context stack.
+ * API of sim.h, devices, primary and created contexts and the per-thread
+ * context stack.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,10 +24,22 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static CUresult init_result;
 static atomic_bool initialized;
 
-/* Contexts never move: a CUcontext is a pointer into this array. */
-static struct CUctx_st contexts[SIM_MAX_DEVICES];
+/* Primary contexts never move: their CUcontext is a pointer into this array. */
+static struct sim_ctx primaries[SIM_MAX_DEVICES];
 /* Context ids are never reused, not even across primary context resets. */
 static atomic_ullong next_ctx_id = 1;
+/* Serials of created contexts start past those of the primary contexts. */
+static atomic_ullong next_serial = SIM_MAX_DEVICES + 1;
+
+/*
+ * Created contexts not yet freed, destroyed ones included, so that a stale
+ * handle can be told "destroyed" while its context is still current on some
+ * thread. Taken alone.
+ */
+static pthread_mutex_t created_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sim_ctx *created;
+
+static void ctx_stack_drop(struct sim_ctx *ctx);
 
 void sim_die(const char *fmt, ...)
 {
@@ -42,11 +56,28 @@ void sim_die(const char *fmt, ...)
 
 static pthread_key_t thread_key;
 
+/* Every thread's state, for sim_calls(), and the calls of threads gone. */
+static pthread_mutex_t threads_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sim_thread *threads;
+static unsigned long exited_calls[SIM_E_COUNT];
+
 static void thread_exit(void *arg)
 {
 	struct sim_thread *t = arg;
 
 	sim_stream_thread_exit(t);
+	while (t->ctx_depth)
+		ctx_stack_drop(t->ctx_stack[--t->ctx_depth]);
+	pthread_mutex_lock(&threads_lock);
+	for (int i = 0; i < SIM_E_COUNT; i++)
+		exited_calls[i] += atomic_load_explicit(&t->calls[i], memory_order_relaxed);
+	if (t->prev)
+		t->prev->next = t->next;
+	else
+		threads = t->next;
+	if (t->next)
+		t->next->prev = t->prev;
+	pthread_mutex_unlock(&threads_lock);
 	free(t);
 }
 
@@ -57,6 +88,21 @@ __attribute__((constructor)) static void create_thread_key(void)
 		sim_die("sim: pthread_key_create failed");
 }
 
+/*
+ * A reader of a handle table slot holds it for a few loads and a reference
+ * count increment, so waiting for it is a short spin; the lock keeps
+ * thread states from going away meanwhile.
+ */
+void sim_thread_hazard_wait(const void *p)
+{
+	pthread_mutex_lock(&threads_lock);
+	for (struct sim_thread *t = threads; t; t = t->next)
+		for (int spins = 0; atomic_load(&t->hazard) == p; spins++)
+			if (spins >= 64)
+				sched_yield();
+	pthread_mutex_unlock(&threads_lock);
+}
+
 struct sim_thread *sim_thread(bool create)
 {
 	struct sim_thread *t = pthread_getspecific(thread_key);
@@ -65,6 +111,12 @@ struct sim_thread *sim_thread(bool create)
 		t = calloc(1, sizeof(*t));
 		if (!t || pthread_setspecific(thread_key, t) != 0)
 			sim_die("sim: out of memory for thread state");
+		pthread_mutex_lock(&threads_lock);
+		t->next = threads;
+		if (threads)
+			threads->prev = t;
+		threads = t;
+		pthread_mutex_unlock(&threads_lock);
 	}
 	return t;
 }
@@ -76,9 +128,6 @@ static const char *const entry_names[SIM_E_COUNT] = {
 	SIM_ENTRY_POINTS(SIM_ENTRY_NAME)
 #undef SIM_ENTRY_NAME
 };
-
-/* One relaxed atomic per entry point keeps counting cheap and race free. */
-static atomic_ulong call_counts[SIM_E_COUNT];
 
 struct fault_rule {
 	struct fault_rule *next;
@@ -131,11 +180,11 @@ static CUresult apply_rules(enum sim_entry e)
 
 CUresult sim_enter(enum sim_entry e, bool need_init)
 {
-	struct sim_thread *t = sim_thread(false);
+	struct sim_thread *t = sim_thread(true);
 
-	atomic_fetch_add_explicit(&call_counts[e], 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&t->calls[e], 1, memory_order_relaxed);
 	/* The driver documents that host functions must not call CUDA. */
-	if (t && t->in_host_fn)
+	if (t->in_host_fn)
 		return CUDA_ERROR_NOT_PERMITTED;
 	if (need_init && !atomic_load_explicit(&initialized, memory_order_acquire))
 		return CUDA_ERROR_NOT_INITIALIZED;
@@ -203,14 +252,27 @@ SIM_EXPORT void sim_fail_clear(void)
 SIM_EXPORT unsigned long sim_calls(const char *entry)
 {
 	int e = entry_by_name(entry);
+	unsigned long n;
 
-	return e < 0 ? 0 : atomic_load(&call_counts[e]);
+	if (e < 0)
+		return 0;
+	pthread_mutex_lock(&threads_lock);
+	n = exited_calls[e];
+	for (struct sim_thread *t = threads; t; t = t->next)
+		n += atomic_load_explicit(&t->calls[e], memory_order_relaxed);
+	pthread_mutex_unlock(&threads_lock);
+	return n;
 }
 
 SIM_EXPORT void sim_counts_reset(void)
 {
-	for (int i = 0; i < SIM_E_COUNT; i++)
-		atomic_store(&call_counts[i], 0);
+	pthread_mutex_lock(&threads_lock);
+	for (int i = 0; i < SIM_E_COUNT; i++) {
+		exited_calls[i] = 0;
+		for (struct sim_thread *t = threads; t; t = t->next)
+			atomic_store_explicit(&t->calls[i], 0, memory_order_relaxed);
+	}
+	pthread_mutex_unlock(&threads_lock);
 }
 
 SIM_EXPORT void sim_live_get(struct sim_live *out)
@@ -219,9 +281,10 @@ SIM_EXPORT void sim_live_get(struct sim_live *out)
 		return;
 	memset(out, 0, sizeof(*out));
 	for (int i = 0; i < SIM_MAX_DEVICES; i++)
-		out->primary_ctx_refs += atomic_load(&contexts[i].refs);
+		out->primary_ctx_refs += atomic_load(&primaries[i].refs);
 	sim_vmm_live(out);
 	sim_stream_live(out);
+	out->contexts = sim_handle_count(SIM_HANDLE_CONTEXT);
 }
 
 /* ---- configuration ---- */
@@ -293,6 +356,21 @@ static void parse_fail_env(void)
 	free(copy);
 }
 
+/* SOP_SIM_HANDLES=recycle|fresh; unset leaves the mode as it is (recycle unless changed). */
+static void parse_handles_env(void)
+{
+	const char *s = getenv("SOP_SIM_HANDLES");
+
+	if (!s || !*s)
+		return;
+	if (strcmp(s, "recycle") == 0)
+		sim_handle_set_recycle(true);
+	else if (strcmp(s, "fresh") == 0)
+		sim_handle_set_recycle(false);
+	else
+		sim_die("sim: SOP_SIM_HANDLES=%s is neither recycle nor fresh", s);
+}
+
 static void read_config(void)
 {
 	unsigned long long ndev = env_number("SOP_SIM_DEVICES", 2);
@@ -307,13 +385,17 @@ static void read_config(void)
 	sim_cfg.ndevices = (int)ndev;
 	sim_cfg.memory = (size_t)mem;
 	sim_cfg.granularity = (size_t)gran;
+	parse_handles_env();
 }
 
 static void init_contexts(void)
 {
 	for (int i = 0; i < SIM_MAX_DEVICES; i++) {
-		contexts[i].device = i;
-		pthread_mutex_init(&contexts[i].lock, NULL);
+		primaries[i].handle = SIM_VALUE(&primaries[i]);
+		primaries[i].device = i;
+		primaries[i].primary = true;
+		primaries[i].serial = (uint64_t)i + 1;
+		pthread_mutex_init(&primaries[i].lock, NULL);
 	}
 }
 
@@ -353,11 +435,6 @@ SIM_EXPORT CUresult CUDAAPI cuDriverGetVersion(int *version)
 bool sim_device_valid(int dev)
 {
 	return dev >= 0 && dev < sim_cfg.ndevices;
-}
-
-struct CUctx_st *sim_ctx_of_device(int dev)
-{
-	return &contexts[dev];
 }
 
 SIM_EXPORT CUresult CUDAAPI cuDeviceGetCount(int *count)
@@ -506,44 +583,115 @@ SIM_EXPORT CUresult CUDAAPI cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevi
 	return CUDA_SUCCESS;
 }
 
-/* ---- primary contexts ---- */
+/* ---- context lifetime ---- */
 
-static bool ctx_valid(const struct CUctx_st *ctx)
+void sim_ctx_ref(struct sim_ctx *ctx)
 {
-	for (int i = 0; i < sim_cfg.ndevices; i++)
-		if (ctx == &contexts[i])
-			return true;
-	return false;
+	if (!ctx->primary)
+		atomic_fetch_add(&ctx->life, 1);
 }
+
+static void ctx_free(struct sim_ctx *ctx)
+{
+	struct sim_ctx **link;
+
+	pthread_mutex_lock(&created_lock);
+	for (link = &created; *link != ctx; link = &(*link)->created_next)
+		;
+	*link = ctx->created_next;
+	pthread_mutex_unlock(&created_lock);
+	sim_stream_ctx_free(ctx);
+	pthread_mutex_destroy(&ctx->lock);
+	free(ctx);
+}
+
+void sim_ctx_put(struct sim_ctx *ctx)
+{
+	if (!ctx->primary && atomic_fetch_sub(&ctx->life, 1) == 1)
+		ctx_free(ctx);
+}
+
+/* A primary context released to zero, or a destroyed one. */
+static bool ctx_gone(struct sim_ctx *ctx)
+{
+	return ctx->primary ? atomic_load(&ctx->refs) == 0 : atomic_load(&ctx->destroyed);
+}
+
+static CUcontext ctx_handle(const struct sim_ctx *ctx)
+{
+	return (CUcontext)(uintptr_t)ctx->handle;
+}
+
+static void ctx_take(void *obj, void *arg)
+{
+	sim_ctx_ref(obj);
+	*(struct sim_ctx **)arg = obj;
+}
+
+/* The driver documents that a destroyed context still current on some thread reads as such. */
+static bool ctx_destroyed_but_current(uint64_t value)
+{
+	bool found = false;
+
+	pthread_mutex_lock(&created_lock);
+	for (struct sim_ctx *c = created; c && !found; c = c->created_next)
+		found = c->handle == value && atomic_load(&c->destroyed) &&
+			atomic_load(&c->current) > 0;
+	pthread_mutex_unlock(&created_lock);
+	return found;
+}
+
+/*
+ * The context a handle names, with a reference for sim_ctx_put: a primary
+ * context (released or not), or a created one that cuCtxDestroy has not yet
+ * finished with.
+ */
+static CUresult ctx_get(CUcontext handle, struct sim_ctx **out)
+{
+	uint64_t v = SIM_VALUE(handle);
+	uint64_t first = SIM_VALUE(&primaries[0]);
+
+	if (v >= first && v < SIM_VALUE(&primaries[sim_cfg.ndevices]) &&
+	    (v - first) % sizeof(primaries[0]) == 0) {
+		*out = &primaries[(v - first) / sizeof(primaries[0])];
+		return CUDA_SUCCESS;
+	}
+	if (sim_handle_visit(SIM_HANDLE_CONTEXT, v, ctx_take, out))
+		return CUDA_SUCCESS;
+	return ctx_destroyed_but_current(v) ? CUDA_ERROR_CONTEXT_IS_DESTROYED
+					     : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+/* ---- primary contexts ---- */
 
 SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-	struct CUctx_st *ctx;
+	struct sim_ctx *ctx;
 
 	SIM_ENTER(cuDevicePrimaryCtxRetain);
 	if (!pctx)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!sim_device_valid(dev))
 		return CUDA_ERROR_INVALID_DEVICE;
-	ctx = &contexts[dev];
+	ctx = &primaries[dev];
 	/* The lock makes "first retain gets a fresh id" atomic with the count. */
 	pthread_mutex_lock(&ctx->lock);
 	if (atomic_fetch_add(&ctx->refs, 1) == 0)
 		atomic_store(&ctx->id, atomic_fetch_add(&next_ctx_id, 1));
 	pthread_mutex_unlock(&ctx->lock);
-	*pctx = ctx;
+	*pctx = ctx_handle(ctx);
 	return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
 {
-	struct CUctx_st *ctx;
+	struct sim_ctx *ctx;
 	CUresult rc = CUDA_SUCCESS;
 
 	SIM_ENTER(cuDevicePrimaryCtxRelease);
 	if (!sim_device_valid(dev))
 		return CUDA_ERROR_INVALID_DEVICE;
-	ctx = &contexts[dev];
+	ctx = &primaries[dev];
 	pthread_mutex_lock(&ctx->lock);
 	if (atomic_load(&ctx->refs) == 0)
 		rc = CUDA_ERROR_INVALID_CONTEXT;
@@ -562,93 +710,136 @@ SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned in
 	if (!sim_device_valid(dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	*flags = 0;
-	*active = atomic_load(&contexts[dev].refs) > 0;
+	*active = atomic_load(&primaries[dev].refs) > 0;
 	return CUDA_SUCCESS;
 }
 
 /* ---- the calling thread's context stack ---- */
 
-static struct CUctx_st *ctx_top(void)
+/* Puts ctx on the stack entry the caller sets; the caller's reference goes with it. */
+static struct sim_ctx *ctx_stack_hold(struct sim_ctx *ctx)
+{
+	atomic_fetch_add(&ctx->current, 1);
+	return ctx;
+}
+
+/* Gives back the reference of a stack entry the caller removed. */
+static void ctx_stack_drop(struct sim_ctx *ctx)
+{
+	atomic_fetch_sub(&ctx->current, 1);
+	sim_ctx_put(ctx);
+}
+
+static struct sim_ctx *ctx_top(void)
 {
 	struct sim_thread *t = sim_thread(false);
 
 	return t && t->ctx_depth ? t->ctx_stack[t->ctx_depth - 1] : NULL;
 }
 
-CUresult sim_ctx_current(struct CUctx_st **out)
+CUresult sim_ctx_current(struct sim_ctx **out)
 {
-	struct CUctx_st *ctx = ctx_top();
+	struct sim_ctx *ctx = ctx_top();
 
 	if (!ctx)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	/* A primary context released to zero is gone, as on the real driver. */
-	if (atomic_load(&ctx->refs) == 0)
+	if (ctx_gone(ctx))
 		return CUDA_ERROR_CONTEXT_IS_DESTROYED;
 	*out = ctx;
 	return CUDA_SUCCESS;
 }
 
+/* A context to make current: primary contexts even when released, created ones while alive. */
+static CUresult ctx_get_for_stack(CUcontext handle, struct sim_ctx **out)
+{
+	CUresult rc = ctx_get(handle, out);
+
+	if (rc == CUDA_SUCCESS && !(*out)->primary && ctx_gone(*out)) {
+		sim_ctx_put(*out);
+		rc = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+	}
+	return rc;
+}
+
 SIM_EXPORT CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx)
 {
+	struct sim_ctx *ctx;
+
 	SIM_ENTER(cuCtxGetCurrent);
 	if (!pctx)
 		return CUDA_ERROR_INVALID_VALUE;
-	*pctx = ctx_top();
+	ctx = ctx_top();
+	*pctx = ctx ? ctx_handle(ctx) : NULL;
 	return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx)
+SIM_EXPORT CUresult CUDAAPI cuCtxSetCurrent(CUcontext handle)
 {
 	struct sim_thread *t;
+	struct sim_ctx *ctx;
+	CUresult rc;
 
 	SIM_ENTER(cuCtxSetCurrent);
-	if (!ctx) {
+	if (!handle) {
 		/* Documented: NULL pops the top, or does nothing on an empty stack. */
 		t = sim_thread(false);
 		if (t && t->ctx_depth)
-			t->ctx_depth--;
+			ctx_stack_drop(t->ctx_stack[--t->ctx_depth]);
 		return CUDA_SUCCESS;
 	}
-	if (!ctx_valid(ctx))
-		return CUDA_ERROR_INVALID_CONTEXT;
+	rc = ctx_get_for_stack(handle, &ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	t = sim_thread(true);
 	if (t->ctx_depth == 0)
 		t->ctx_depth = 1;
-	t->ctx_stack[t->ctx_depth - 1] = ctx;
+	else
+		ctx_stack_drop(t->ctx_stack[t->ctx_depth - 1]);
+	t->ctx_stack[t->ctx_depth - 1] = ctx_stack_hold(ctx);
 	return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx)
+SIM_EXPORT CUresult CUDAAPI cuCtxPushCurrent(CUcontext handle)
 {
 	struct sim_thread *t;
+	struct sim_ctx *ctx;
+	CUresult rc;
 
 	SIM_ENTER(cuCtxPushCurrent);
-	if (!ctx || !ctx_valid(ctx))
+	if (!handle)
 		return CUDA_ERROR_INVALID_CONTEXT;
+	rc = ctx_get_for_stack(handle, &ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	t = sim_thread(true);
-	if (t->ctx_depth == SIM_CTX_STACK_MAX)
+	if (t->ctx_depth == SIM_CTX_STACK_MAX) {
+		sim_ctx_put(ctx);
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	t->ctx_stack[t->ctx_depth++] = ctx;
+	}
+	t->ctx_stack[t->ctx_depth++] = ctx_stack_hold(ctx);
 	return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx)
 {
 	struct sim_thread *t;
+	struct sim_ctx *ctx;
 
 	SIM_ENTER(cuCtxPopCurrent);
 	t = sim_thread(false);
 	if (!t || t->ctx_depth == 0)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	t->ctx_depth--;
+	ctx = t->ctx_stack[--t->ctx_depth];
 	if (pctx)
-		*pctx = t->ctx_stack[t->ctx_depth];
+		*pctx = ctx_handle(ctx);
+	ctx_stack_drop(ctx);
 	return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult CUDAAPI cuCtxGetDevice(CUdevice *device)
 {
-	struct CUctx_st *ctx;
+	struct sim_ctx *ctx;
 	CUresult rc;
 
 	SIM_ENTER(cuCtxGetDevice);
@@ -661,29 +852,136 @@ SIM_EXPORT CUresult CUDAAPI cuCtxGetDevice(CUdevice *device)
 	return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult CUDAAPI cuCtxGetId(CUcontext ctx, unsigned long long *id)
+SIM_EXPORT CUresult CUDAAPI cuCtxGetId(CUcontext handle, unsigned long long *id)
 {
+	struct sim_ctx *ctx;
 	CUresult rc;
 
 	SIM_ENTER(cuCtxGetId);
 	if (!id)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (!ctx) {
+	if (!handle) {
 		rc = sim_ctx_current(&ctx);
-		if (rc != CUDA_SUCCESS)
-			return rc;
-	} else if (!ctx_valid(ctx)) {
+		if (rc == CUDA_SUCCESS)
+			*id = atomic_load(&ctx->id);
+		return rc;
+	}
+	rc = ctx_get(handle, &ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (ctx_gone(ctx))
+		rc = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+	else
+		*id = atomic_load(&ctx->id);
+	sim_ctx_put(ctx);
+	return rc;
+}
+
+/* ---- created contexts ---- */
+
+static bool sched_flags_valid(unsigned flags)
+{
+	const unsigned other = CU_CTX_MAP_HOST | CU_CTX_LMEM_RESIZE_TO_MAX;
+
+	/* At most one scheduling flag; the other two are long-standing no-ops. */
+	switch (flags & ~other) {
+	case CU_CTX_SCHED_AUTO:
+	case CU_CTX_SCHED_SPIN:
+	case CU_CTX_SCHED_YIELD:
+	case CU_CTX_SCHED_BLOCKING_SYNC:
+		return true;
+	default:
+		return false;
+	}
+}
+
+SIM_EXPORT CUresult CUDAAPI cuCtxCreate(CUcontext *pctx, CUctxCreateParams *params,
+					unsigned int flags, CUdevice dev)
+{
+	struct sim_thread *t;
+	struct sim_ctx *ctx;
+
+	SIM_ENTER(cuCtxCreate);
+	if (!pctx || !sched_flags_valid(flags))
+		return CUDA_ERROR_INVALID_VALUE;
+	/* Execution affinity and CUDA-in-graphics contexts are not simulated. */
+	if (params)
+		return params->execAffinityParams || params->cigParams ? CUDA_ERROR_NOT_SUPPORTED
+								       : CUDA_ERROR_INVALID_VALUE;
+	if (!sim_device_valid(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	t = sim_thread(true);
+	if (t->ctx_depth == SIM_CTX_STACK_MAX)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	ctx = calloc(1, sizeof(*ctx));
+	if (!ctx)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	ctx->device = dev;
+	ctx->serial = atomic_fetch_add(&next_serial, 1);
+	atomic_init(&ctx->id, atomic_fetch_add(&next_ctx_id, 1));
+	/* One reference until cuCtxDestroy, one for the stack entry below. */
+	atomic_init(&ctx->life, 2);
+	atomic_init(&ctx->current, 1);
+	pthread_mutex_init(&ctx->lock, NULL);
+	if (!sim_handle_bind(SIM_HANDLE_CONTEXT, ctx, &ctx->handle)) {
+		pthread_mutex_destroy(&ctx->lock);
+		free(ctx);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	/* Listed with its handle set: ctx_destroyed_but_current reads it under the lock. */
+	pthread_mutex_lock(&created_lock);
+	ctx->created_next = created;
+	created = ctx;
+	pthread_mutex_unlock(&created_lock);
+	/* The driver makes a new context current, above whatever was. */
+	t->ctx_stack[t->ctx_depth++] = ctx;
+	*pctx = ctx_handle(ctx);
+	return CUDA_SUCCESS;
+}
+
+/*
+ * The driver says that cuCtxDestroy may return errors of earlier
+ * asynchronous work, so it synchronizes: the sim waits for every stream of
+ * the context, destroyed ones still draining included, before it destroys.
+ */
+SIM_EXPORT CUresult CUDAAPI cuCtxDestroy(CUcontext handle)
+{
+	struct sim_thread *t;
+	struct sim_ctx *ctx;
+	bool claimed;
+	CUresult rc;
+
+	SIM_ENTER(cuCtxDestroy);
+	if (!handle)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = ctx_get(handle, &ctx);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	/* Primary contexts are released, not destroyed. */
+	if (ctx->primary)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	} else if (atomic_load(&ctx->refs) == 0) {
+	/* Under the lock, so that no stream or event joins it from here on. */
+	pthread_mutex_lock(&ctx->lock);
+	claimed = !atomic_exchange(&ctx->destroyed, true);
+	pthread_mutex_unlock(&ctx->lock);
+	if (!claimed) {
+		sim_ctx_put(ctx);
 		return CUDA_ERROR_CONTEXT_IS_DESTROYED;
 	}
-	*id = atomic_load(&ctx->id);
+	sim_stream_ctx_destroy(ctx);
+	t = sim_thread(false);
+	if (t && t->ctx_depth && t->ctx_stack[t->ctx_depth - 1] == ctx)
+		ctx_stack_drop(t->ctx_stack[--t->ctx_depth]);
+	/* Free for the next cuCtxCreate only now that the context is gone. */
+	sim_handle_unbind(SIM_HANDLE_CONTEXT, ctx->handle, ctx);
+	sim_ctx_put(ctx);	/* the one held until cuCtxDestroy */
+	sim_ctx_put(ctx);	/* ctx_get's */
 	return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult CUDAAPI cuCtxGetStreamPriorityRange(int *least, int *greatest)
 {
-	struct CUctx_st *ctx;
+	struct sim_ctx *ctx;
 	CUresult rc;
 
 	SIM_ENTER(cuCtxGetStreamPriorityRange);
@@ -700,7 +998,7 @@ SIM_EXPORT CUresult CUDAAPI cuCtxGetStreamPriorityRange(int *least, int *greates
 
 SIM_EXPORT CUresult CUDAAPI cuMemGetInfo(size_t *free_bytes, size_t *total)
 {
-	struct CUctx_st *ctx;
+	struct sim_ctx *ctx;
 	size_t used;
 	CUresult rc;
 

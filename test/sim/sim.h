@@ -47,9 +47,19 @@ struct sim_live {
 	long events;		/* cuEventCreate not yet destroyed */
 	long primary_ctx_refs;	/* sum of primary context reference counts */
 	size_t phys_bytes;	/* physical memory still allocated, all devices */
+	long contexts;		/* cuCtxCreate not yet destroyed (last, as it came last) */
 };
 
 void sim_live_get(struct sim_live *out);
+
+/*
+ * Handle values of streams, events and created contexts: with on (the
+ * default, and SOP_SIM_HANDLES=recycle), a create gets the value destroyed
+ * most recently, at once, as the real driver does even while the destroyed
+ * stream's work still runs; with on = 0 (SOP_SIM_HANDLES=fresh), a value
+ * never handed out before. Affects the creates that follow.
+ */
+void sim_handles_recycle(int on);
 
 #ifdef __cplusplus
 }
