@@ -275,6 +275,56 @@ special_per_context(cuuint64_t threshold)
 	TH_OK(sop__drv.cuDevicePrimaryCtxRelease(0));
 }
 
+/* Contexts the program creates: each has its own legacy stream behind the one NULL handle, and
+ * a destroyed context's handle goes to the next context created. A busy block on the legacy stream
+ * of one context is not another context's to take; a context made at a destroyed one's handle
+ * starts with nothing of it; and a context's synchronization covers its own streams only. */
+static void
+created_contexts(cuuint64_t threshold)
+{
+	sop_pool_t pool = pool_with(threshold);
+	CUcontext c1, c2, c3, popped;
+	struct th_gate gate;
+	void *a, *snap;
+
+	if (!th.cuCtxCreate)
+		return;
+	TH_OK(th.cuCtxCreate(&c1, NULL, 0, 0)); /* current now */
+	TH_OK(sop_malloc_from_pool_async(&a, N, pool, NULL));
+	th_fill(a, N, PAT_A, NULL);
+	TH_OK(sop_malloc_from_pool_async(&snap, N, snaps, NULL));
+	gate_init(&gate);
+	th_gate_block(&gate, NULL);
+	TH_OK(th.cuMemcpyDtoDAsync((CUdeviceptr)(uintptr_t)snap, (CUdeviceptr)(uintptr_t)a, N,
+				   NULL));
+	TH_OK(sop_free_async(a, NULL));
+	/* Another context, current over the first: its legacy stream is another stream. */
+	TH_OK(th.cuCtxCreate(&c2, NULL, 0, 0));
+	write_other(pool, NULL);
+	TH_OK(sop_stream_synchronize(NULL));
+	TH_OK(sop_ctx_synchronize());
+	TH_OK(sop_trim_to(pool, 0));
+	TH_OK(th.cuCtxDestroy(c2));
+	/* A third context, at the second one's handle where the driver reuses it. */
+	TH_OK(th.cuCtxCreate(&c3, NULL, 0, 0));
+	reused += c3 == c2;
+	tries++;
+	write_other(pool, NULL);
+	TH_OK(sop_ctx_synchronize());
+	TH_OK(sop_trim_to(pool, 0));
+	TH_OK(th.cuCtxPopCurrent(&popped));
+	TH_ASSERT(popped == c3);
+	/* Back in the first context. */
+	th_gate_open(&gate);
+	TH_OK(sop_ctx_synchronize());
+	TH_ASSERT(th_verify(snap, N, PAT_A, NULL));
+	TH_OK(sop_free_async(snap, NULL));
+	TH_OK(sop_ctx_synchronize());
+	TH_OK(th.cuCtxDestroy(c3));
+	TH_OK(th.cuCtxDestroy(c1));
+	pool_done(pool);
+}
+
 int
 main(void)
 {
@@ -297,6 +347,8 @@ main(void)
 		event_rerecorded(thresholds[i]);
 		printf("recycle: special per context\n");
 		special_per_context(thresholds[i]);
+		printf("recycle: created contexts\n");
+		created_contexts(thresholds[i]);
 	}
 	TH_OK(sop_ctx_synchronize());
 	TH_CHECK(snaps);
