@@ -30,8 +30,11 @@ extern "C" {
 #define SOP_VERSION_MINOR 1
 #define SOP_VERSION_PATCH 0
 
-/* A pool of device memory; mirrors cudaMemPool_t. Opaque; may be shared by threads. */
-typedef struct sop_pool *sop_pool_t;
+/* A pool of device memory; mirrors cudaMemPool_t. Opaque and pointer-sized, but not an address:
+ * it names the pool and its generation, so that a handle kept after its pool was destroyed is
+ * refused (CUDA_ERROR_INVALID_VALUE) by every call, even once a new pool has taken its place.
+ * NULL is never a pool. May be shared by threads. */
+typedef struct sop_pool_handle *sop_pool_t;
 
 /* ---- Pools ------------------------------------------------------------------------------ */
 
@@ -46,9 +49,13 @@ typedef struct sop_pool *sop_pool_t;
 CUresult sop_pool_create(sop_pool_t *pool, const CUmemPoolProps *props);
 
 /* Destroy a pool. Returns at once. Allocations still live stay valid until freed, and the pool's
- * memory is returned once the last of them is freed and its free has completed. If the pool is
- * the current pool of its device, the device's default pool becomes current again.
- * Returns CUDA_SUCCESS or CUDA_ERROR_INVALID_VALUE (NULL or a default pool). */
+ * memory is returned once the last of them is freed and its free has completed; the host memory
+ * sop kept for the pool goes back to the system then too, or at a later pool creation,
+ * destruction or synchronization once no other thread's call may still be reading it. If the
+ * pool is the current pool of its device, the device's default pool becomes current again.
+ * From this call on the handle is refused by every call that takes a pool.
+ * Returns CUDA_SUCCESS or CUDA_ERROR_INVALID_VALUE (NULL, a default pool, or a pool already
+ * destroyed). */
 CUresult sop_pool_destroy(sop_pool_t pool);
 
 /* Pool attributes, with the driver's types: int for the three REUSE_* policies (default 1),

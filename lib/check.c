@@ -65,6 +65,8 @@ sop__pool_check(struct sop_pool *pool)
 	struct sop__block *b;
 	int line = 0;
 
+	if (!pool)
+		return 0;
 	pthread_mutex_lock(&pool->lock);
 	if (atomic_load(&pool->dead))
 		goto out;

@@ -8,7 +8,9 @@
  *   order.c    who a stream is (by id), epochs, probe events, what events carry
  *   stream.c   per-stream free caches, the thread-local stream cache and the hot path
  *   pool.c     pool objects: create, destroy, attributes, access, trim, synchronization
- *   registry.c process-wide state: the address-to-pool table, default and current pools
+ *   registry.c process-wide state: pool handles, the address-to-pool table, default and current
+ *              pools
+ *   epoch.c    deferred reclamation: a torn-down pool is freed once no call can be reading it
  *   check.c    sop__pool_check, the invariant walker
  *   sop.c      public entry points: check arguments, take locks, call in
  */
@@ -649,12 +651,13 @@ void sop__sstream_destroy_all(struct sop_pool *pool);
 struct sop_pool {
 	/* Read on every call, written only at creation and teardown (or rarely, by attribute
 	 * writes). */
+	uint64_t handle; /* its sop_pool_t: slot and generation (registry.c); never reused */
 	CUmemPoolProps props;
 	CUdevice device;
 	CUcontext ctx; /* the device's primary context, retained for driver calls */
 	bool is_default;
 	atomic_bool destroyed; /* sop_pool_destroy was called; torn down once empty */
-	atomic_bool dead; /* torn down; the object stays for stale lookups */
+	atomic_bool dead; /* torn down; the object is freed once no call can be reading it */
 	size_t granularity;
 	size_t max_size; /* 0: no cap besides the device */
 	CUdeviceptr va_base;
@@ -722,7 +725,7 @@ struct sop_pool {
 	size_t n_leaf_spare, cap_leaf_spare, n_leaves;
 	struct sop__leaf_slab *leaf_slabs;
 
-	struct sop_pool *next; /* registry list */
+	struct sop_pool *next; /* registry list; once torn down, its batch of retired pools */
 };
 
 /* Whether a stream of pool other than ss holds at least bytes in its cache: a hint, read
@@ -769,7 +772,8 @@ sop__used_sub(struct sop__block *b, struct sop__sstream *ss)
 	else
 		atomic_fetch_sub_explicit(&b->alloc_ss->used_remote, (int64_t)b->req,
 					  memory_order_relaxed);
-	b->req = 0;
+	/* sop_pointer_get_pool may be reading it, under other locks, for a free on its way. */
+	__atomic_store_n(&b->req, 0, __ATOMIC_RELAXED);
 }
 
 /* The pool's used memory: the sum of its shards. With fold, also raise the watermark by the sum
@@ -780,9 +784,13 @@ uint64_t sop__pool_used(struct sop_pool *pool, bool fold);
 CUresult sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **out);
 /* Mark destroyed and tear down if nothing is left in it. */
 void sop__pool_destroy(struct sop_pool *pool);
-/* Tear down if destroyed and empty. Pool lock held; returns true if it was torn down (the lock
- * has then been released). */
+/* Tear down if destroyed and empty: give everything back to the driver, unlink the pool from
+ * every table and retire it (epoch.c). Pool lock held; returns true if it was torn down (the
+ * lock has then been released). The caller is pinned: the object stays readable until it
+ * unpins. */
 bool sop__pool_reap(struct sop_pool *pool);
+/* Free a retired pool's object and the host memory it still owns. No call may be reading it. */
+void sop__pool_free(struct sop_pool *pool);
 /* Apply the release threshold after frees became reusable. Pool lock held. */
 void sop__pool_apply_threshold(struct sop_pool *pool);
 /* The public calls' work, arguments already checked. */
@@ -806,25 +814,158 @@ void sop__pool_ctx_pop(struct sop_pool *pool);
 /* Driver init plus the process-wide tables; every public call starts here. */
 CUresult sop__init(void);
 int sop__device_count(void);
+
+/* Pool handles. A sop_pool_t is gen << SOP_HANDLE_INDEX_BITS | index: a slot of a table and the
+ * generation the slot had when the pool took it. A slot names its pool until the pool is torn
+ * down, then takes the next generation and goes to the next pool, so a handle kept past its
+ * pool's teardown never names a pool again, whatever became of the object. Slots come in chunks
+ * that are never freed, so a slot can be read at any time. */
+#define SOP_HANDLE_INDEX_BITS 20
+#define SOP_HANDLE_CHUNK_LOG2 8
+struct sop__handle_slot {
+	_Atomic(struct sop_pool *) pool; /* NULL while free */
+	uint64_t gen;                    /* of the pool that holds it, else of the next one */
+	uint32_t next_free;
+};
+extern _Atomic(struct sop__handle_slot *)
+	sop__handles[1u << (SOP_HANDLE_INDEX_BITS - SOP_HANDLE_CHUNK_LOG2)];
+
+/* The pool a handle names, or NULL (NULL, a handle never given out, or one whose pool has been
+ * torn down). The caller is pinned (epoch.c), which keeps the pool readable until it unpins;
+ * whether it is still usable is its flags' to say. */
+static inline struct sop_pool *
+sop__pool_lookup(sop_pool_t handle)
+{
+	uint64_t h = (uint64_t)(uintptr_t)handle;
+	uint64_t i = h & ((1u << SOP_HANDLE_INDEX_BITS) - 1);
+	struct sop__handle_slot *chunk;
+	struct sop_pool *p;
+
+	chunk = atomic_load_explicit(&sop__handles[i >> SOP_HANDLE_CHUNK_LOG2],
+				     memory_order_acquire);
+	if (SOP_UNLIKELY(!chunk))
+		return NULL;
+	p = atomic_load_explicit(&chunk[i & ((1u << SOP_HANDLE_CHUNK_LOG2) - 1)].pool,
+				 memory_order_acquire);
+	return SOP_LIKELY(p && p->handle == h) ? p : NULL;
+}
+
+static inline sop_pool_t
+sop__pool_handle(const struct sop_pool *pool)
+{
+	return (sop_pool_t)(uintptr_t)pool->handle;
+}
+
+/* Give the pool a slot (pool->handle), not yet naming it: false without host memory or
+ * without a free slot. */
+bool sop__handle_take(struct sop_pool *pool);
+/* Make the handle name the pool, once it is ready to be used. */
+void sop__handle_publish(struct sop_pool *pool);
+/* Free the slot for another pool: the handle no longer names anything. */
+void sop__handle_drop(struct sop_pool *pool);
+/* Slots in use, for tests. */
+size_t sop__handles_used(void);
+
 /* Register a pool's reservation (false if the table cannot hold it), or remove it. */
 bool sop__registry_add(struct sop_pool *pool);
 void sop__registry_remove(struct sop_pool *pool);
-/* The pool whose reservation holds addr, or NULL. Lock-free. */
+/* The pool whose reservation holds addr, or NULL. Lock-free; the caller is pinned. */
 struct sop_pool *sop__registry_lookup(CUdeviceptr addr);
-/* Every pool not yet torn down, in a malloc'd array (NULL, *n = 0 if none). The pools stay
- * valid objects after the lock is dropped; callers check pool->dead under the pool lock. */
+/* Every pool not yet torn down, in a malloc'd array (NULL, *n = 0 if none). The caller is pinned,
+ * so that the pools stay readable after the lock is dropped; it checks pool->dead under the pool
+ * lock. */
 struct sop_pool **sop__registry_snapshot(size_t *n);
 CUresult sop__default_pool(CUdevice device, struct sop_pool **out);
 CUresult sop__current_pool(CUdevice device, struct sop_pool **out);
+/* CUDA_ERROR_INVALID_VALUE for a pool of another device or one being destroyed. */
 CUresult sop__set_current_pool(CUdevice device, struct sop_pool *pool);
-/* A pool is going away: make the default current again where it was current. */
+/* A pool is going away: mark it destroyed and make the default current again where it was
+ * current, both under the lock that sop__set_current_pool takes, so that no device can be left
+ * with a destroyed pool as current. */
 void sop__forget_current(struct sop_pool *pool);
+
+/* ---- epoch.c ----------------------------------------------------------------------------- */
+
+/* Deferred reclamation. A call that reads a pool it found without the pool's lock (through a
+ * handle, the address registry, a device's current pool, a snapshot of live pools) pins its
+ * thread for the duration; a torn-down pool is retired, and freed only once every thread
+ * pinned when its unlinking was seen everywhere has unpinned. */
+struct sop__pin {
+	/* Written by its thread alone: twice the pins so far, plus one while pinned. */
+	_Alignas(64) _Atomic uint64_t word;
+	struct sop__pin *prev, *next; /* every thread's, under the epoch lock */
+};
+
+/* Read on every pin, written at init; and the count of retired pools, read by every call that
+ * may reclaim and written when a pool is retired or freed. */
+struct sop__epoch_global {
+	_Alignas(64) bool cheap; /* membarrier supplies the reclaimer's barrier: a pin needs none */
+	atomic_size_t n_retired; /* pools waiting to be freed */
+};
+extern struct sop__epoch_global sop__epoch;
+extern __thread struct sop__pin *sop__pin_self __attribute__((tls_model("initial-exec")));
+
+/* Once, before the first pin (sop__init). */
+void sop__epoch_init(void);
+/* The slow pin: the thread's first (it registers), or one without host memory for a record
+ * (NULL: counted instead, and unpinned by sop__unpin(NULL)). */
+struct sop__pin *sop__pin_slow(void);
+void sop__unpin_counted(void);
+/* A full barrier, that ThreadSanitizer understands. */
+void sop__barrier(void);
+
+/* Pin the calling thread: pools it finds from now on are not freed before sop__unpin. Not
+ * nested: a public call pins once. A store to the thread's own line, no locked instruction
+ * (the reclamation supplies the barrier, see epoch.c). */
+static inline struct sop__pin *
+sop__pin(void)
+{
+	struct sop__pin *p = sop__pin_self;
+
+	if (SOP_UNLIKELY(!p))
+		return sop__pin_slow();
+	/* Release, like the unpin: a reclamation that reads this word has seen the end of every
+	 * earlier pin of the thread. */
+	atomic_store_explicit(&p->word, atomic_load_explicit(&p->word, memory_order_relaxed) + 1,
+			      memory_order_release);
+	if (SOP_LIKELY(sop__epoch.cheap))
+		atomic_signal_fence(memory_order_seq_cst);
+	else
+		sop__barrier();
+	return p;
+}
+
+static inline void
+sop__unpin(struct sop__pin *p)
+{
+	if (SOP_LIKELY(p != NULL))
+		atomic_store_explicit(&p->word,
+				      atomic_load_explicit(&p->word, memory_order_relaxed) + 1,
+				      memory_order_release);
+	else
+		sop__unpin_counted();
+}
+
+/* Put a torn-down pool, unlinked from every table, in line to be freed. */
+void sop__epoch_retire(struct sop_pool *pool);
+/* Free the retired pools that no pinned thread can be reading; note which threads the others
+ * wait for. Never waits. Call unpinned. */
+void sop__epoch_reclaim(void);
+/* At most this many retired pools wait to be freed when a pool is made: sop__epoch_bound waits
+ * for the threads that hold the others back (a call preempted while pinned holds back every
+ * pool retired meanwhile: four threads making a pool per job each had up to 700 waiting on
+ * the simulated driver, 30 MiB). */
+#define SOP_RETIRED_MAX 64
+/* Reclaim, and wait until at most SOP_RETIRED_MAX pools are retired. Call unpinned. */
+void sop__epoch_bound(void);
+/* Pools retired and not yet freed, for tests. */
+size_t sop__epoch_retired(void);
 
 /* ---- check.c ----------------------------------------------------------------------------- */
 
 /* Walk every structure of the pool and check its invariants. Returns 0, or the source line of
- * the first invariant that does not hold. Takes the pool lock; call it when no other thread is
- * using the pool. */
+ * the first invariant that does not hold; 0 for NULL or a torn-down pool (nothing to check).
+ * Takes the pool lock; call it when no other thread is using the pool. */
 int sop__pool_check(struct sop_pool *pool);
 
 #endif /* SOP_INTERNAL_H */

@@ -3,7 +3,9 @@
  *
  * A pool is torn down when it has been destroyed and nothing is left in it: no live allocation
  * and no pending free. Destroying a pool with live allocations only marks it; the last free
- * followed by a synchronization point that covers it (or sop_free) finishes the job.
+ * followed by a synchronization point that covers it (or sop_free) finishes the job. Teardown
+ * gives the device memory back and unlinks the pool; its host memory is freed later, once no
+ * call can be reading it (epoch.c).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -103,11 +105,20 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **ou
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto fail_va;
 	}
-	if (!sop__registry_add(pool)) {
+	/* The slot first: once the registry names the pool, frees may find it, and it can only
+	 * be taken out again by retiring it. */
+	if (!sop__handle_take(pool)) {
 		sop__map_destroy(pool);
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto fail_va;
 	}
+	if (!sop__registry_add(pool)) {
+		sop__handle_drop(pool);
+		sop__map_destroy(pool);
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+		goto fail_va;
+	}
+	sop__handle_publish(pool);
 	*out = pool;
 	return CUDA_SUCCESS;
 
@@ -188,24 +199,35 @@ sop__pool_reap(struct sop_pool *pool)
 		if (r != CUDA_SUCCESS)
 			return false;
 	}
+	/* Unlinked from every table that finds pools without a lock (it left the current pools
+	 * when it was destroyed); then retired. Threads that found it a moment ago may still be
+	 * reading it, its stream states, descriptors and block map, which the dead flag, checked
+	 * under this lock, keeps them from changing: the host memory is freed once they are done
+	 * (sop__pool_free, from epoch.c). */
 	sop__registry_remove(pool);
-	sop__heap_destroy(pool);
+	sop__handle_drop(pool);
 	SOP_DRV(cuDevicePrimaryCtxRelease)(pool->device);
-	sop__sstream_destroy_all(pool);
-	free(pool->access);
-	pool->access = NULL;
-	pool->n_access = 0;
 	atomic_store(&pool->dead, true);
 	pthread_mutex_unlock(&pool->lock);
+	sop__epoch_retire(pool);
 	return true;
+}
+
+void
+sop__pool_free(struct sop_pool *pool)
+{
+	sop__heap_destroy(pool);
+	sop__sstream_destroy_all(pool);
+	free(pool->access);
+	pthread_mutex_destroy(&pool->lock);
+	free(pool);
 }
 
 void
 sop__pool_destroy(struct sop_pool *pool)
 {
-	sop__forget_current(pool);
+	sop__forget_current(pool); /* marks it destroyed */
 	pthread_mutex_lock(&pool->lock);
-	pool->destroyed = true;
 	/* Memory nobody uses goes back now; the rest when its last user lets go. */
 	sop__heap_release(pool, 0, 0);
 	if (!sop__pool_reap(pool))
@@ -396,6 +418,11 @@ sop__pool_set_access(struct sop_pool *pool, const CUmemAccessDesc *map, size_t c
 		goto out;
 	}
 	pthread_mutex_lock(&pool->lock);
+	if (atomic_load(&pool->dead)) {
+		/* Torn down by another thread since the caller looked: its context is released. */
+		r = CUDA_ERROR_INVALID_VALUE;
+		goto unlock;
+	}
 	/* What every mapping gets: the owner, then each peer that has or had access, with the
 	 * last descriptor naming it winning. `was` is the same list as it stands now. */
 	want[0].location = pool->props.location;
@@ -430,6 +457,7 @@ sop__pool_set_access(struct sop_pool *pool, const CUmemAccessDesc *map, size_t c
 		pool->n_access = n_next;
 		next = NULL;
 	}
+unlock:
 	pthread_mutex_unlock(&pool->lock);
 out:
 	free(next);
@@ -463,10 +491,14 @@ static void
 sync_complete(const struct sync_mark *marks, size_t n, bool retire)
 {
 	struct sop_pool **pools;
+	struct sop__pin *pin;
 	size_t n_pools, i, k;
 
 	for (k = 0; k < n; k++)
 		sop__stream_completed(marks[k].st, marks[k].epoch);
+	/* Pinned while it holds the snapshot: a pool another thread tears down meanwhile stays
+	 * readable, and is found dead under its lock. */
+	pin = sop__pin();
 	pools = sop__registry_snapshot(&n_pools);
 	for (i = 0; i < n_pools; i++) {
 		struct sop_pool *pool = pools[i];
@@ -488,7 +520,9 @@ sync_complete(const struct sync_mark *marks, size_t n, bool retire)
 		if (!sop__pool_reap(pool))
 			pthread_mutex_unlock(&pool->lock);
 	}
+	sop__unpin(pin);
 	free(pools);
+	sop__epoch_reclaim();
 }
 
 CUresult

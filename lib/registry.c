@@ -1,13 +1,15 @@
-/* registry.c - process-wide state: driver initialisation, the device list, the table that maps
- * an address to its pool, and each device's default and current pool.
+/* registry.c - process-wide state: driver initialisation, the device list, pool handles, the
+ * table that maps an address to its pool, and each device's default and current pool.
  *
  * A free names only a pointer, so sop must find the pool from the address alone, on every
  * thread, without a lock: each pool reserves its addresses in whole gigabytes, and a two-level
  * table indexed by address / 1 GiB holds the owning pool (atomic loads to read, a lock to
- * write). Pool objects are never returned to libc once created: a thread that read a stale
- * pointer from this table or from its stream cache still reads a valid object, marked dead.
+ * write). A pool handle is a slot of a table of its own and a generation (internal.h). Every
+ * reader of these tables without a lock is pinned (epoch.c): a pool it finds there a moment
+ * before the pool's teardown unlinks it stays readable until it unpins, and is freed after.
  *
- * Locks, in the order they may be taken: dev_lock, then a pool's lock, then reg_lock.
+ * Locks, in the order they may be taken: dev_lock, then a pool's lock, then reg_lock or
+ * handle_lock.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +25,6 @@ typedef _Atomic(struct sop_pool *) reg_slot;
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic(reg_slot *) reg_top[1u << REG_TOP_LOG2];
 static struct sop_pool *live_pools; /* not torn down */
-static struct sop_pool *graveyard;  /* torn down, kept for stale readers */
 
 static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
 static int n_devices;
@@ -39,6 +40,7 @@ init_run(void)
 {
 	int n = 0;
 
+	sop__epoch_init();
 	init_status = sop__driver_init();
 	if (init_status != CUDA_SUCCESS)
 		return;
@@ -75,6 +77,104 @@ int
 sop__device_count(void)
 {
 	return n_devices;
+}
+
+/* ---- Handles ------------------------------------------------------------------------------ */
+
+#define HANDLE_SLOTS (1u << SOP_HANDLE_INDEX_BITS)
+#define HANDLE_CHUNK (1u << SOP_HANDLE_CHUNK_LOG2)
+/* A slot whose generation reaches this is retired for good: a handle is never given out twice. */
+#define HANDLE_GEN_MAX (UINT64_MAX >> SOP_HANDLE_INDEX_BITS)
+#define HANDLE_NONE UINT32_MAX
+
+_Atomic(struct sop__handle_slot *) sop__handles[HANDLE_SLOTS / HANDLE_CHUNK];
+static pthread_mutex_t handle_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint32_t handle_free = HANDLE_NONE; /* free slots, linked through next_free */
+static uint32_t handles_made;              /* slots [0, handles_made) exist */
+static size_t handles_used;
+
+static struct sop__handle_slot *
+handle_slot(uint32_t i)
+{
+	return &atomic_load_explicit(&sop__handles[i / HANDLE_CHUNK],
+				     memory_order_relaxed)[i % HANDLE_CHUNK];
+}
+
+bool
+sop__handle_take(struct sop_pool *pool)
+{
+	struct sop__handle_slot *s;
+	uint32_t i;
+
+	pthread_mutex_lock(&handle_lock);
+	if (handle_free != HANDLE_NONE) {
+		i = handle_free;
+		s = handle_slot(i);
+		handle_free = s->next_free;
+	} else {
+		/* Chunks are never freed: a handle from any time can be looked up. */
+		if (handles_made == HANDLE_SLOTS) {
+			pthread_mutex_unlock(&handle_lock);
+			return false;
+		}
+		i = handles_made;
+		if (i % HANDLE_CHUNK == 0) {
+			struct sop__handle_slot *chunk = calloc(HANDLE_CHUNK, sizeof *chunk);
+			uint32_t k;
+			if (!chunk) {
+				pthread_mutex_unlock(&handle_lock);
+				return false;
+			}
+			for (k = 0; k < HANDLE_CHUNK; k++)
+				chunk[k].gen = 1; /* so that no handle is 0 */
+			atomic_store_explicit(&sop__handles[i / HANDLE_CHUNK], chunk,
+					      memory_order_release);
+		}
+		handles_made++;
+		s = handle_slot(i);
+	}
+	s->next_free = HANDLE_NONE;
+	pool->handle = s->gen << SOP_HANDLE_INDEX_BITS | i;
+	handles_used++;
+	pthread_mutex_unlock(&handle_lock);
+	return true;
+}
+
+void
+sop__handle_publish(struct sop_pool *pool)
+{
+	uint32_t i = (uint32_t)(pool->handle & (HANDLE_SLOTS - 1));
+
+	/* Release: a reader that finds the pool there finds it initialised. */
+	atomic_store_explicit(&handle_slot(i)->pool, pool, memory_order_release);
+}
+
+void
+sop__handle_drop(struct sop_pool *pool)
+{
+	uint32_t i = (uint32_t)(pool->handle & (HANDLE_SLOTS - 1));
+	struct sop__handle_slot *s;
+
+	pthread_mutex_lock(&handle_lock);
+	s = handle_slot(i);
+	atomic_store_explicit(&s->pool, NULL, memory_order_release);
+	handles_used--;
+	if (++s->gen < HANDLE_GEN_MAX) {
+		s->next_free = handle_free;
+		handle_free = i;
+	}
+	pthread_mutex_unlock(&handle_lock);
+}
+
+size_t
+sop__handles_used(void)
+{
+	size_t n;
+
+	pthread_mutex_lock(&handle_lock);
+	n = handles_used;
+	pthread_mutex_unlock(&handle_lock);
+	return n;
 }
 
 /* ---- Address table ------------------------------------------------------------------------ */
@@ -131,16 +231,20 @@ sop__registry_remove(struct sop_pool *pool)
 	struct sop_pool **pp;
 
 	pthread_mutex_lock(&reg_lock);
-	for (a = pool->va_base; a < end; a += (CUdeviceptr)1 << SOP_VA_GRANULE_LOG2)
-		atomic_store_explicit(reg_slot_of(a, false), NULL, memory_order_release);
+	/* Only the entries that still name it: its addresses were given back to the driver
+	 * before it left the table, and a pool made meanwhile on another thread may have them. */
+	for (a = pool->va_base; a < end; a += (CUdeviceptr)1 << SOP_VA_GRANULE_LOG2) {
+		reg_slot *slot = reg_slot_of(a, false);
+		if (atomic_load_explicit(slot, memory_order_relaxed) == pool)
+			atomic_store_explicit(slot, NULL, memory_order_release);
+	}
 	for (pp = &live_pools; *pp; pp = &(*pp)->next) {
 		if (*pp == pool) {
 			*pp = pool->next;
 			break;
 		}
 	}
-	pool->next = graveyard;
-	graveyard = pool;
+	pool->next = NULL;
 	pthread_mutex_unlock(&reg_lock);
 }
 
@@ -222,15 +326,23 @@ sop__current_pool(CUdevice device, struct sop_pool **out)
 CUresult
 sop__set_current_pool(CUdevice device, struct sop_pool *pool)
 {
+	CUresult r = CUDA_SUCCESS;
+
 	if (device < 0 || device >= n_devices)
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (pool->device != device)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&dev_lock);
-	atomic_store_explicit(&current_pools[device], pool->is_default ? NULL : pool,
-			      memory_order_release);
+	/* Checked under the lock that sop__forget_current takes to mark it: a pool being
+	 * destroyed on another thread never becomes current after it was forgotten, to be freed
+	 * while the table still names it. */
+	if (atomic_load(&pool->destroyed))
+		r = CUDA_ERROR_INVALID_VALUE;
+	else
+		atomic_store_explicit(&current_pools[device], pool->is_default ? NULL : pool,
+				      memory_order_release);
 	pthread_mutex_unlock(&dev_lock);
-	return CUDA_SUCCESS;
+	return r;
 }
 
 void
@@ -240,5 +352,8 @@ sop__forget_current(struct sop_pool *pool)
 	if (pool->device >= 0 && pool->device < n_devices &&
 	    atomic_load(&current_pools[pool->device]) == pool)
 		atomic_store(&current_pools[pool->device], NULL);
+	/* After the table, with release: a sop_malloc_async that finds the pool destroyed and
+	 * reads the table again finds the default. */
+	atomic_store_explicit(&pool->destroyed, true, memory_order_release);
 	pthread_mutex_unlock(&dev_lock);
 }

@@ -2,19 +2,34 @@
  *
  * Nothing here keeps state of its own except a thread-local cache of which device a stream
  * belongs to, so that sop_malloc_async does not ask the driver on every call.
+ *
+ * Every call that finds a pool without its lock (by handle, address or device) pins its thread
+ * from before the lookup until it is done with the pool (epoch.c): the pool may be torn down
+ * meanwhile by another thread, but its memory is not freed while the call runs. Calls that can
+ * tear a pool down reclaim the ones retired before, once unpinned.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
 
-/* A pool handle the application may still use: not destroyed (a destroyed pool only waits for
- * its last allocations) and not torn down. */
-static bool
-pool_usable(struct sop_pool *pool)
+/* The pool, if the application may still use it: not destroyed (a destroyed pool only waits
+ * for its last allocations) and not torn down; else NULL. The caller is pinned. */
+static struct sop_pool *
+pool_live(struct sop_pool *pool)
 {
-	return pool && !atomic_load_explicit(&pool->destroyed, memory_order_relaxed) &&
-	       !atomic_load_explicit(&pool->dead, memory_order_relaxed);
+	if (pool && !atomic_load_explicit(&pool->destroyed, memory_order_acquire) &&
+	    !atomic_load_explicit(&pool->dead, memory_order_relaxed))
+		return pool;
+	return NULL;
+}
+
+/* The pool a handle names, if usable. A stale handle names no pool, or another generation's
+ * pool, which the lookup turns down. The caller is pinned. */
+static struct sop_pool *
+pool_usable(sop_pool_t handle)
+{
+	return pool_live(sop__pool_lookup(handle));
 }
 
 /* ---- Pools ------------------------------------------------------------------------------- */
@@ -72,127 +87,176 @@ sop_pool_create(sop_pool_t *pool, const CUmemPoolProps *props)
 	r = props_check(props);
 	if (r != CUDA_SUCCESS)
 		return r;
+	/* The pools retired before go first: a process that makes a pool per job then holds
+	 * the host memory of a few, not of every job it ran. */
+	sop__epoch_bound();
 	r = sop__pool_new(props, false, &p);
 	if (r == CUDA_SUCCESS)
-		*pool = p;
+		*pool = sop__pool_handle(p);
 	return r;
 }
 
 SOP_API CUresult
 sop_pool_destroy(sop_pool_t pool)
 {
+	struct sop__pin *pin;
+	struct sop_pool *p;
 	CUresult r = sop__init();
 
 	if (r != CUDA_SUCCESS)
 		return r;
-	if (!pool_usable(pool) || pool->is_default)
-		return CUDA_ERROR_INVALID_VALUE;
-	sop__pool_destroy(pool);
-	return CUDA_SUCCESS;
+	pin = sop__pin();
+	p = pool_usable(pool);
+	if (p && !p->is_default)
+		sop__pool_destroy(p);
+	else
+		r = CUDA_ERROR_INVALID_VALUE;
+	sop__unpin(pin);
+	sop__epoch_reclaim();
+	return r;
 }
 
 SOP_API CUresult
 sop_pool_set_attr(sop_pool_t pool, CUmemPool_attribute attr, void *value)
 {
+	struct sop__pin *pin;
+	struct sop_pool *p;
 	CUresult r = sop__init();
 
 	if (r != CUDA_SUCCESS)
 		return r;
-	if (!pool_usable(pool) || !value)
-		return CUDA_ERROR_INVALID_VALUE;
-	return sop__pool_set_attr(pool, attr, value);
+	pin = sop__pin();
+	p = pool_usable(pool);
+	r = p && value ? sop__pool_set_attr(p, attr, value) : CUDA_ERROR_INVALID_VALUE;
+	sop__unpin(pin);
+	return r;
 }
 
 SOP_API CUresult
 sop_pool_get_attr(sop_pool_t pool, CUmemPool_attribute attr, void *value)
 {
+	struct sop__pin *pin;
+	struct sop_pool *p;
 	CUresult r = sop__init();
 
 	if (r != CUDA_SUCCESS)
 		return r;
-	if (!pool_usable(pool) || !value)
-		return CUDA_ERROR_INVALID_VALUE;
-	return sop__pool_get_attr(pool, attr, value);
+	pin = sop__pin();
+	p = pool_usable(pool);
+	r = p && value ? sop__pool_get_attr(p, attr, value) : CUDA_ERROR_INVALID_VALUE;
+	sop__unpin(pin);
+	return r;
 }
 
 SOP_API CUresult
 sop_pool_get_free_extents(sop_pool_t pool, size_t *largest, size_t *total)
 {
+	struct sop__pin *pin;
+	struct sop_pool *p;
 	CUresult r = sop__init();
 
 	if (r != CUDA_SUCCESS)
 		return r;
-	if (!pool_usable(pool) || !largest || !total)
-		return CUDA_ERROR_INVALID_VALUE;
-	sop__heap_free_extents(pool, largest, total);
-	return CUDA_SUCCESS;
+	pin = sop__pin();
+	p = pool_usable(pool);
+	if (p && largest && total)
+		sop__heap_free_extents(p, largest, total);
+	else
+		r = CUDA_ERROR_INVALID_VALUE;
+	sop__unpin(pin);
+	return r;
 }
 
 SOP_API CUresult
 sop_pool_set_compaction(sop_pool_t pool, int enable)
 {
+	struct sop__pin *pin;
+	struct sop_pool *p;
 	CUresult r = sop__init();
 
 	if (r != CUDA_SUCCESS)
 		return r;
-	if (!pool_usable(pool) || (enable != 0 && enable != 1))
-		return CUDA_ERROR_INVALID_VALUE;
-	atomic_store(&pool->compact, enable == 1);
-	return CUDA_SUCCESS;
+	pin = sop__pin();
+	p = pool_usable(pool);
+	if (p && (enable == 0 || enable == 1))
+		atomic_store(&p->compact, enable == 1);
+	else
+		r = CUDA_ERROR_INVALID_VALUE;
+	sop__unpin(pin);
+	return r;
 }
 
 SOP_API CUresult
 sop_pool_get_compaction(sop_pool_t pool, int *enabled)
 {
+	struct sop__pin *pin;
+	struct sop_pool *p;
 	CUresult r = sop__init();
 
 	if (r != CUDA_SUCCESS)
 		return r;
-	if (!pool_usable(pool) || !enabled)
-		return CUDA_ERROR_INVALID_VALUE;
-	*enabled = atomic_load(&pool->compact);
-	return CUDA_SUCCESS;
+	pin = sop__pin();
+	p = pool_usable(pool);
+	if (p && enabled)
+		*enabled = atomic_load(&p->compact);
+	else
+		r = CUDA_ERROR_INVALID_VALUE;
+	sop__unpin(pin);
+	return r;
 }
 
 SOP_API CUresult
 sop_trim_to(sop_pool_t pool, size_t min_bytes_to_keep)
 {
+	struct sop__pin *pin;
+	struct sop_pool *p;
 	CUresult r = sop__init();
 
 	if (r != CUDA_SUCCESS)
 		return r;
-	if (!pool_usable(pool))
-		return CUDA_ERROR_INVALID_VALUE;
-	return sop__pool_trim(pool, min_bytes_to_keep);
+	pin = sop__pin();
+	p = pool_usable(pool);
+	r = p ? sop__pool_trim(p, min_bytes_to_keep) : CUDA_ERROR_INVALID_VALUE;
+	sop__unpin(pin);
+	return r;
 }
 
 SOP_API CUresult
 sop_pool_set_access(sop_pool_t pool, const CUmemAccessDesc *map, size_t count)
 {
+	struct sop__pin *pin;
+	struct sop_pool *p;
 	CUresult r = sop__init();
 
 	if (r != CUDA_SUCCESS)
 		return r;
-	if (!pool_usable(pool) || (!map && count))
-		return CUDA_ERROR_INVALID_VALUE;
-	if (!count)
-		return CUDA_SUCCESS;
-	return sop__pool_set_access(pool, map, count);
+	pin = sop__pin();
+	p = pool_usable(pool);
+	if (!p || (!map && count))
+		r = CUDA_ERROR_INVALID_VALUE;
+	else if (count)
+		r = sop__pool_set_access(p, map, count);
+	sop__unpin(pin);
+	return r;
 }
 
 SOP_API CUresult
 sop_pool_get_access(CUmemAccess_flags *flags, sop_pool_t pool, CUmemLocation *location)
 {
 	CUmemAccess_flags f;
+	struct sop__pin *pin;
+	struct sop_pool *p;
 	CUresult r = sop__init();
 
 	if (r != CUDA_SUCCESS)
 		return r;
-	if (!flags || !pool_usable(pool) || !location)
-		return CUDA_ERROR_INVALID_VALUE;
-	r = sop__pool_get_access(pool, location, &f);
-	if (r == CUDA_SUCCESS)
+	pin = sop__pin();
+	p = pool_usable(pool);
+	if (!flags || !p || !location)
+		r = CUDA_ERROR_INVALID_VALUE;
+	else if ((r = sop__pool_get_access(p, location, &f)) == CUDA_SUCCESS)
 		*flags = f;
+	sop__unpin(pin);
 	return r;
 }
 
@@ -208,29 +272,35 @@ sop_device_get_default_pool(sop_pool_t *pool, CUdevice device)
 		return r;
 	if (!pool)
 		return CUDA_ERROR_INVALID_VALUE;
+	/* Default pools are never destroyed: no pin. */
 	r = sop__default_pool(device, &p);
 	if (r == CUDA_SUCCESS)
-		*pool = p;
+		*pool = sop__pool_handle(p);
 	return r;
 }
 
 SOP_API CUresult
 sop_device_set_pool(CUdevice device, sop_pool_t pool)
 {
+	struct sop__pin *pin;
+	struct sop_pool *p;
 	CUresult r = sop__init();
 
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (device < 0 || device >= sop__device_count())
 		return CUDA_ERROR_INVALID_DEVICE;
-	if (!pool_usable(pool))
-		return CUDA_ERROR_INVALID_VALUE;
-	return sop__set_current_pool(device, pool);
+	pin = sop__pin();
+	p = pool_usable(pool);
+	r = p ? sop__set_current_pool(device, p) : CUDA_ERROR_INVALID_VALUE;
+	sop__unpin(pin);
+	return r;
 }
 
 SOP_API CUresult
 sop_device_get_pool(sop_pool_t *pool, CUdevice device)
 {
+	struct sop__pin *pin;
 	struct sop_pool *p;
 	CUresult r = sop__init();
 
@@ -238,65 +308,32 @@ sop_device_get_pool(sop_pool_t *pool, CUdevice device)
 		return r;
 	if (!pool)
 		return CUDA_ERROR_INVALID_VALUE;
+	pin = sop__pin();
 	r = sop__current_pool(device, &p);
 	if (r == CUDA_SUCCESS)
-		*pool = p;
+		*pool = sop__pool_handle(p);
+	sop__unpin(pin);
 	return r;
 }
 
 /* ---- Allocation -------------------------------------------------------------------------- */
 
-SOP_API CUresult
-sop_malloc_from_pool_async(void **ptr, size_t size, sop_pool_t pool, CUstream stream)
+/* Allocate from a usable pool (or not: NULL) on the stream with this id, which stream names now
+ * (0: ask). Pinned. */
+static CUresult
+malloc_from(void **ptr, size_t size, struct sop_pool *pool, CUstream stream, uint64_t id)
 {
-	uint64_t id;
 	void *p;
-	CUresult r = sop__init();
+	CUresult r;
 
-	if (r != CUDA_SUCCESS)
-		return r;
-	if (!ptr || !pool_usable(pool))
+	if (!ptr || !pool)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!size) {
 		*ptr = NULL;
 		return CUDA_SUCCESS;
 	}
-	r = sop__stream_id(stream, &id);
-	if (r == CUDA_SUCCESS)
-		r = sop__alloc(pool, stream, id, size, &p);
-	if (r == CUDA_SUCCESS)
-		*ptr = p;
-	return r;
-}
-
-SOP_API CUresult
-sop_malloc_async(void **ptr, size_t size, CUstream stream)
-{
-	struct sop__stream *st;
-	struct sop_pool *pool;
-	uint64_t id;
-	void *p;
-	CUresult r = sop__init();
-
-	if (r != CUDA_SUCCESS)
+	if (!id && (r = sop__stream_id(stream, &id)) != CUDA_SUCCESS)
 		return r;
-	if (!ptr)
-		return CUDA_ERROR_INVALID_VALUE;
-	/* The stream's device, from its record (cached per thread by id: a handle the driver gave
-	 * to a new stream, maybe of another device, is a new record). */
-	r = sop__stream_id(stream, &id);
-	if (r == CUDA_SUCCESS)
-		r = sop__stream_of(stream, id, &st);
-	if (r == CUDA_SUCCESS)
-		r = sop__current_pool(st->device, &pool);
-	if (r != CUDA_SUCCESS)
-		return r;
-	if (!pool_usable(pool))
-		return CUDA_ERROR_INVALID_VALUE; /* destroyed by another thread just now */
-	if (!size) {
-		*ptr = NULL;
-		return CUDA_SUCCESS;
-	}
 	r = sop__alloc(pool, stream, id, size, &p);
 	if (r == CUDA_SUCCESS)
 		*ptr = p;
@@ -304,19 +341,77 @@ sop_malloc_async(void **ptr, size_t size, CUstream stream)
 }
 
 SOP_API CUresult
+sop_malloc_from_pool_async(void **ptr, size_t size, sop_pool_t pool, CUstream stream)
+{
+	struct sop__pin *pin;
+	CUresult r = sop__init();
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	pin = sop__pin();
+	r = malloc_from(ptr, size, pool_usable(pool), stream, 0);
+	sop__unpin(pin);
+	return r;
+}
+
+/* How often sop_malloc_async reads the current pool again when it finds the one it read being
+ * destroyed: sop_pool_destroy forgets it as current before it marks it, so once is enough
+ * unless other threads destroy one current pool after another meanwhile. */
+#define CURRENT_TRIES 4
+
+SOP_API CUresult
+sop_malloc_async(void **ptr, size_t size, CUstream stream)
+{
+	struct sop_pool *pool = NULL, *usable = NULL;
+	struct sop__stream *st;
+	struct sop__pin *pin;
+	uint64_t id;
+	CUresult r = sop__init();
+	int tries;
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!ptr)
+		return CUDA_ERROR_INVALID_VALUE;
+	/* The stream's device, from its record (found by id: a handle the driver gave to a new
+	 * stream, maybe of another device, is a new record). */
+	r = sop__stream_id(stream, &id);
+	if (r == CUDA_SUCCESS)
+		r = sop__stream_of(stream, id, &st);
+	if (r != CUDA_SUCCESS)
+		return r;
+	pin = sop__pin();
+	for (tries = 0; tries < CURRENT_TRIES && !usable; tries++) {
+		r = sop__current_pool(st->device, &pool);
+		if (r != CUDA_SUCCESS)
+			break;
+		usable = pool_live(pool);
+	}
+	if (r == CUDA_SUCCESS)
+		r = malloc_from(ptr, size, usable, stream, id);
+	sop__unpin(pin);
+	return r;
+}
+
+SOP_API CUresult
 sop_free_async(void *ptr, CUstream stream)
 {
 	struct sop_pool *pool;
+	struct sop__pin *pin;
 	CUresult r = sop__init();
 
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (!ptr)
 		return CUDA_SUCCESS;
+	pin = sop__pin();
 	pool = sop__registry_lookup((CUdeviceptr)(uintptr_t)ptr);
 	if (!pool || atomic_load_explicit(&pool->dead, memory_order_acquire))
-		return CUDA_ERROR_INVALID_VALUE;
-	return sop__free_async(pool, (CUdeviceptr)(uintptr_t)ptr, stream);
+		r = CUDA_ERROR_INVALID_VALUE;
+	else
+		r = sop__free_async(pool, (CUdeviceptr)(uintptr_t)ptr, stream);
+	sop__unpin(pin);
+	return r;
 }
 
 SOP_API CUresult
@@ -326,15 +421,19 @@ sop_free(void *ptr)
 	uint64_t expect = sop__tag(addr, SOP_BLOCK_ALLOC);
 	struct sop_pool *pool;
 	struct sop__block *b;
+	struct sop__pin *pin;
 	CUresult r = sop__init();
 
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (!ptr)
 		return CUDA_SUCCESS;
+	pin = sop__pin();
 	pool = sop__registry_lookup(addr);
-	if (!pool)
+	if (!pool) {
+		sop__unpin(pin);
 		return CUDA_ERROR_INVALID_VALUE;
+	}
 	pthread_mutex_lock(&pool->lock);
 	b = atomic_load(&pool->dead) ? NULL : sop__map_get(pool, addr);
 	/* Claim it as a free would (racing frees of the same pointer: one wins), then give it to
@@ -342,12 +441,15 @@ sop_free(void *ptr)
 	if (!b || !atomic_compare_exchange_strong(&b->tag, &expect,
 						  sop__tag(addr, SOP_BLOCK_CACHED))) {
 		pthread_mutex_unlock(&pool->lock);
+		sop__unpin(pin);
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 	sop__used_sub(b, NULL);
 	sop__heap_put(pool, b);
 	if (!sop__pool_reap(pool))
 		pthread_mutex_unlock(&pool->lock);
+	sop__unpin(pin);
+	sop__epoch_reclaim();
 	return CUDA_SUCCESS;
 }
 
@@ -357,6 +459,7 @@ sop_pointer_get_pool(sop_pool_t *pool, const void *ptr)
 	CUdeviceptr addr = (CUdeviceptr)(uintptr_t)ptr;
 	struct sop__segment *seg;
 	struct sop__block *b = NULL;
+	struct sop__pin *pin;
 	struct sop_pool *p;
 	CUresult r = sop__init();
 
@@ -364,9 +467,12 @@ sop_pointer_get_pool(sop_pool_t *pool, const void *ptr)
 		return r;
 	if (!pool || !ptr)
 		return CUDA_ERROR_INVALID_VALUE;
+	pin = sop__pin();
 	p = sop__registry_lookup(addr);
-	if (!p)
+	if (!p) {
+		sop__unpin(pin);
 		return CUDA_ERROR_INVALID_VALUE;
+	}
 	pthread_mutex_lock(&p->lock);
 	/* Not a hot path: find the segment, then the block within it. */
 	for (seg = atomic_load(&p->dead) ? NULL : p->segments; seg; seg = seg->next) {
@@ -375,17 +481,21 @@ sop_pointer_get_pool(sop_pool_t *pool, const void *ptr)
 			for (b = seg->first; b && !(addr >= b->addr && addr - b->addr < b->size);
 			     b = b->phys_next)
 				;
-			if (b && !(sop__block_state(b) == SOP_BLOCK_ALLOC && addr - b->addr < b->req))
+			/* A free of the block may be claiming it meanwhile (it takes neither
+			 * lock): it is ALLOC and its size still read, or it is not. */
+			if (b && !(sop__block_state(b) == SOP_BLOCK_ALLOC &&
+				   addr - b->addr < __atomic_load_n(&b->req, __ATOMIC_RELAXED)))
 				b = NULL;
 			sop__lock_drop(&seg->lock);
 			break;
 		}
 	}
 	if (b)
-		*pool = p;
+		*pool = sop__pool_handle(p);
 	else
 		r = CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_unlock(&p->lock);
+	sop__unpin(pin);
 	return r;
 }
 

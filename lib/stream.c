@@ -63,7 +63,10 @@ sstream_new(struct sop_pool *pool, uint64_t id, struct sop__stream *st)
 }
 
 /* Thread-local cache of recently used stream states. A stale entry is harmless: users take the
- * state's lock and compare its id with the entry's before trusting it.
+ * state's lock and compare its id with the entry's before trusting it. Entries name their pool
+ * by handle, never reused, rather than by address: a pool's object is freed some time after its
+ * teardown (epoch.c), and a new pool may get the same memory, where an entry that named the
+ * address would hand the new pool the old one's freed stream state.
  *
  * The cache is reached through one initial-exec thread-local pointer: a library's own
  * thread-local arrays would cost a __tls_get_addr call per access, and a few pointers of static
@@ -72,7 +75,7 @@ sstream_new(struct sop_pool *pool, uint64_t id, struct sop__stream *st)
 #define TLS_ASSOC 4 /* a thread driving 16 streams keeps them all */
 
 struct tls_entry {
-	struct sop_pool *pool;
+	uint64_t pool; /* the pool's handle */
 	CUstream handle;
 	struct sop__stream_ref ref; /* ref.id: the stream the handle named when it was cached */
 };
@@ -127,7 +130,7 @@ static inline struct tls_entry *
 tls_set(struct sop__tcache *c, struct sop_pool *pool, CUstream stream, uint64_t id)
 {
 	uint64_t k = sop__stream_special(stream) ? id : (uint64_t)(uintptr_t)stream;
-	uint64_t h = ((uint64_t)(uintptr_t)pool ^ k) * 0x9E3779B97F4A7C15u;
+	uint64_t h = (pool->handle ^ k) * 0x9E3779B97F4A7C15u;
 
 	return c->streams[h >> (64 - 4)];
 }
@@ -144,6 +147,11 @@ sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id, struct sop__
 	if (r != CUDA_SUCCESS)
 		return r;
 	pthread_mutex_lock(&pool->lock);
+	if (atomic_load(&pool->dead)) {
+		/* Torn down since the caller found it (epoch.c keeps it readable): no new state. */
+		pthread_mutex_unlock(&pool->lock);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
 	ss = sop__sstream_find(pool, id);
 	if (!ss)
 		ss = sstream_new(pool, id, st);
@@ -158,7 +166,7 @@ sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id, struct sop__
 static inline bool
 tls_match(const struct tls_entry *e, struct sop_pool *pool, CUstream stream, uint64_t id)
 {
-	return e->ref.id == id && e->handle == stream && e->pool == pool && e->ref.ss;
+	return e->ref.id == id && e->handle == stream && e->pool == pool->handle && e->ref.ss;
 }
 
 /* The rest of sstream_get: other ways of the set, then the pool's list. The new entry takes the
@@ -184,10 +192,10 @@ sstream_get_slow(struct sop_pool *pool, CUstream stream, uint64_t id, struct tls
 	if (r != CUDA_SUCCESS)
 		return r;
 	for (w = 0; w < TLS_ASSOC - 1; w++)
-		if (set[w].pool == pool && set[w].handle == stream)
+		if (set[w].pool == pool->handle && set[w].handle == stream)
 			break;
 	memmove(&set[1], &set[0], (size_t)w * sizeof *set);
-	set[0].pool = pool;
+	set[0].pool = pool->handle;
 	set[0].handle = stream;
 	set[0].ref = *out;
 	return CUDA_SUCCESS;
@@ -225,7 +233,7 @@ sstream_get_free(struct sop_pool *pool, CUstream stream, const struct sop__block
 
 	if (SOP_LIKELY(c != NULL) && !sop__stream_special(stream)) {
 		struct tls_entry *e = &tls_set(c, pool, stream, 0)[0];
-		if (e->handle == stream && e->pool == pool && e->ref.ss &&
+		if (e->handle == stream && e->pool == pool->handle && e->ref.ss &&
 		    e->ref.ss == __atomic_load_n(&b->alloc_ss, __ATOMIC_RELAXED)) {
 			*out = e->ref;
 			*checked = false;
@@ -246,7 +254,7 @@ tls_drop(struct sop_pool *pool, CUstream stream, uint64_t id)
 
 	for (w = 0; c && w < TLS_ASSOC; w++) {
 		struct tls_entry *e = &tls_set(c, pool, stream, id)[w];
-		if (e->pool == pool && e->handle == stream)
+		if (e->pool == pool->handle && e->handle == stream)
 			e->ref.ss = NULL;
 	}
 }
@@ -816,6 +824,11 @@ alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream
 	bool stale = false, crowded = false;
 
 	pthread_mutex_lock(&pool->lock);
+	if (atomic_load(&pool->dead)) {
+		/* Torn down since the caller found it: nothing to allocate from, or to grow. */
+		pthread_mutex_unlock(&pool->lock);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
 	sop__lock_take(&ss->lock);
 	stale = ss->id != id;
 	if (!stale) {

@@ -15,7 +15,14 @@
 static int
 span(sop_pool_t pool, void *p, unsigned *count)
 {
-	return sop__map_span(pool, (CUdeviceptr)(uintptr_t)p, count);
+	return sop__map_span(TH_POOL(pool), (CUdeviceptr)(uintptr_t)p, count);
+}
+
+/* The span at offset bytes into the pool's reservation. */
+static int
+span_at(sop_pool_t pool, uintptr_t offset, unsigned *count)
+{
+	return sop__map_span(TH_POOL(pool), TH_POOL(pool)->va_base + offset, count);
 }
 
 /* A pool's first allocation sets up its bookkeeping in small slabs (16 descriptors, 2 leaves):
@@ -38,8 +45,8 @@ first_allocation(CUstream s, bool sim)
 		TH_OK(sop_malloc_from_pool_async(&p, MiB, pool, s));
 		getrusage(RUSAGE_SELF, &ru);
 		faults = ru.ru_minflt - faults;
-		TH_EQ(pool->n_slabs, 1);
-		TH_ASSERT(pool->n_leaves <= 8); /* a segment keeps 8 spare leaves */
+		TH_EQ(TH_POOL(pool)->n_slabs, 1);
+		TH_ASSERT(TH_POOL(pool)->n_leaves <= 8); /* a segment keeps 8 spare leaves */
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 		if (sim && round == 2)
 			TH_ASSERT(faults <= 2);
@@ -121,13 +128,13 @@ main(void)
 	TH_OK(sop_trim_to(pool, 0));
 	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
 	TH_EQ(span(pool, big[0], &n), 0);
-	old_base = pool->va_base;
+	old_base = TH_POOL(pool)->va_base;
 	TH_OK(sop_pool_destroy(pool));
 	pool = th_pool(0, 0);
 	for (i = 0; i < SMALL; i++)
-		TH_EQ(sop__map_span(pool, pool->va_base + ((uintptr_t)small[i] - old_base), &n), 0);
+		TH_EQ(span_at(pool, (uintptr_t)small[i] - old_base, &n), 0);
 	for (i = 0; i < 3; i++)
-		TH_EQ(sop__map_span(pool, pool->va_base + ((uintptr_t)big[i] - old_base), &n), 0);
+		TH_EQ(span_at(pool, (uintptr_t)big[i] - old_base, &n), 0);
 	TH_EQ(sop_free_async(big[1], s), CUDA_ERROR_INVALID_VALUE);
 	TH_OK(sop_malloc_from_pool_async(&big[0], 1 * MiB, pool, s));
 	TH_EQ(span(pool, big[0], &n), 1);

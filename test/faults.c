@@ -292,7 +292,7 @@ prep_destroy(void *arg)
 	TH_OK(sop_malloc_from_pool_async(&p, 3 * MiB, doomed, g->s));
 	TH_OK(sop_free(p));
 	TH_OK(sop_trim_to(doomed, 0));
-	TH_ASSERT(doomed->anchored);
+	TH_ASSERT(TH_POOL(doomed)->anchored);
 	TH_OK(sop_malloc_from_pool_async(&p, 3 * MiB, doomed, g->s));
 	TH_OK(sop_free(p));
 }

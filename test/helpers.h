@@ -40,10 +40,13 @@
 
 #define TH_OK(call) TH_EQ((call), CUDA_SUCCESS)
 
-/* The pool's invariants hold. */
+/* The object behind a handle, for tests that look inside a pool (NULL once it is torn down). */
+#define TH_POOL(handle) sop__pool_lookup(handle)
+
+/* The pool's invariants hold (nothing to check once it is torn down). */
 #define TH_CHECK(pool)                                                                             \
 	do {                                                                                       \
-		int l_ = sop__pool_check(pool);                                                    \
+		int l_ = sop__pool_check(TH_POOL(pool));                                           \
 		if (l_) {                                                                          \
 			fprintf(stderr, "%s:%d: pool check failed at check.c:%d\n", __FILE__,     \
 				__LINE__, l_);                                                     \

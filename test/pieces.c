@@ -36,7 +36,7 @@ creates(void)
 static size_t
 grows_by(sop_pool_t pool, size_t size, size_t have)
 {
-	size_t missing = sop__round_up(sop__round_up(size, 512) - have, pool->granularity);
+	size_t missing = sop__round_up(sop__round_up(size, 512) - have, TH_POOL(pool)->granularity);
 
 	return missing > STEP ? missing : STEP;
 }
@@ -47,7 +47,7 @@ n_pieces(sop_pool_t pool)
 	struct sop__segment *seg;
 	size_t n = 0;
 
-	for (seg = pool->segments; seg; seg = seg->next)
+	for (seg = TH_POOL(pool)->segments; seg; seg = seg->next)
 		n += seg->n_pieces;
 	return n;
 }
@@ -108,13 +108,13 @@ growth_joins(CUstream s)
 	TH_OK(sop_malloc_from_pool_async(&c, sc, pool, s));
 	r3 = grows_by(pool, sc, r1 + r2 - sa - sb);
 	TH_ASSERT(r3 > STEP);
-	if (pool->granularity == 2 * MiB)
+	if (TH_POOL(pool)->granularity == 2 * MiB)
 		TH_EQ(r3, 42 * MiB);
 	TH_EQ(reserved(pool), r1 + r2 + r3);
 	TH_EQ((char *)c - (char *)b, (long)sb);
 	TH_CREATES(c0, 1);
 	TH_EQ(n_pieces(pool), 3);
-	TH_EQ(pool->n_segments, 1);
+	TH_EQ(TH_POOL(pool)->n_segments, 1);
 	TH_CHECK(pool);
 
 	/* The blocks across piece boundaries are whole memory: written and read back end to
@@ -211,7 +211,7 @@ middle_piece(CUstream s, enum sides pending)
 	TH_OK(sop_malloc_from_pool_async(&c, 16 * MiB, pool, s)); /* fits: no growth */
 	TH_EQ(reserved(pool), 3 * STEP);
 	TH_EQ((char *)c - (char *)a, (long)(80 * MiB));
-	TH_EQ(pool->n_segments, 1);
+	TH_EQ(TH_POOL(pool)->n_segments, 1);
 	TH_EQ(n_pieces(pool), 3);
 	TH_CHECK(pool);
 
@@ -228,7 +228,7 @@ middle_piece(CUstream s, enum sides pending)
 	/* Complete: the middle piece alone is idle, and goes; the two around it hold a and n. */
 	TH_OK(sop_trim_to(pool, 0));
 	TH_EQ(reserved(pool), 2 * STEP);
-	TH_EQ(pool->n_segments, 1);
+	TH_EQ(TH_POOL(pool)->n_segments, 1);
 	TH_EQ(n_pieces(pool), 2);
 	TH_CHECK(pool);
 	live(pool, a);
@@ -288,7 +288,7 @@ middle_piece(CUstream s, enum sides pending)
 	TH_EQ(reserved(pool), 3 * STEP);
 	TH_EQ((char *)p - (char *)a, (long)(8 * MiB));
 	TH_CREATES(c0, 1);
-	TH_EQ(pool->n_segments, 1);
+	TH_EQ(TH_POOL(pool)->n_segments, 1);
 	TH_EQ(n_pieces(pool), 3);
 	TH_CHECK(pool);
 	live(pool, p);
@@ -307,7 +307,7 @@ middle_piece(CUstream s, enum sides pending)
 	TH_EQ(reserved(pool), 3 * STEP);
 	TH_OK(sop_trim_to(pool, 0));
 	TH_EQ(reserved(pool), 0);
-	TH_EQ(pool->n_segments, 0);
+	TH_EQ(TH_POOL(pool)->n_segments, 0);
 	TH_CHECK(pool);
 	TH_OK(sop_pool_destroy(pool));
 }
@@ -434,7 +434,7 @@ compaction_placement(CUstream s, bool compact, bool met)
 	TH_OK(sop_malloc_from_pool_async(&p2, 64 << 10, pool, s));
 	TH_ASSERT((char *)big < (char *)sm && (char *)sm < (char *)p2);
 	if (met)
-		atomic_store(&pool->threads_met, true);
+		atomic_store(&TH_POOL(pool)->threads_met, true);
 	/* Pending on s: s's own memory. */
 	TH_OK(sop_free_async(big, s));
 	TH_OK(sop_free_async(sm, s));

@@ -127,11 +127,11 @@ free_only_stream(void)
 		if (i % 1000 == 999)
 			TH_OK(sop_stream_synchronize(b)); /* b's frees become the heap's */
 		if (i == ROUNDS / 4)
-			slabs_warm = pool->n_slabs;
+			slabs_warm = TH_POOL(pool)->n_slabs;
 	}
 	/* The descriptors in use are bounded by the live blocks and the pieces between them;
 	 * after warming up, the pool needs no more. */
-	TH_ASSERT(pool->n_slabs <= slabs_warm + 2);
+	TH_ASSERT(TH_POOL(pool)->n_slabs <= slabs_warm + 2);
 	for (i = 0; i < LIVE; i++)
 		TH_OK(sop_free_async(live[i], b));
 	TH_OK(sop_stream_synchronize(b));
@@ -148,7 +148,7 @@ segment_of(sop_pool_t pool, void *addr)
 	CUdeviceptr a = (CUdeviceptr)(uintptr_t)addr;
 	struct sop__segment *seg;
 
-	for (seg = pool->segments; seg; seg = seg->next)
+	for (seg = TH_POOL(pool)->segments; seg; seg = seg->next)
 		if (a >= seg->va && a - seg->va < seg->size)
 			return seg;
 	return NULL;
@@ -173,7 +173,7 @@ affinity(CUstream s1, CUstream s2)
 		TH_OK(sop_malloc_from_pool_async(&a, MiB, pool, s1));
 		TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 32 * MiB);
 		TH_ASSERT(segment_of(pool, a)->home != NULL);
-		atomic_store(&pool->threads_met, met);
+		atomic_store(&TH_POOL(pool)->threads_met, met);
 		TH_OK(sop_malloc_from_pool_async(&b, MiB, pool, s2));
 		if (!met) {
 			/* Best fit alone: the rest of s1's segment, right after a. */
@@ -210,7 +210,7 @@ affinity(CUstream s1, CUstream s2)
 static enum sop__state
 block_at(sop_pool_t pool, void *p, size_t *size)
 {
-	struct sop__block *b = sop__map_get(pool, (CUdeviceptr)(uintptr_t)p);
+	struct sop__block *b = sop__map_get(TH_POOL(pool), (CUdeviceptr)(uintptr_t)p);
 
 	TH_ASSERT(b != NULL);
 	if (!b)
@@ -248,7 +248,7 @@ reclaim(CUstream s, CUstream s2)
 			TH_OK(sop_free_async(z, s2));
 		}
 		if (pass == 2)
-			atomic_store(&pool->threads_met, true);
+			atomic_store(&TH_POOL(pool)->threads_met, true);
 		if (pass == 3) /* s2 takes heap memory, and keeps it */
 			TH_OK(sop_malloc_from_pool_async(&z, 4 * KiB, pool, s2));
 		TH_OK(sop_free_async(a, s));
@@ -260,7 +260,7 @@ reclaim(CUstream s, CUstream s2)
 			/* b took a back: one cached block of 16 MiB. */
 			TH_EQ(block_at(pool, a, &n), SOP_BLOCK_CACHED);
 			TH_EQ(n, 16 * MiB);
-			TH_ASSERT(!sop__map_get(pool, (CUdeviceptr)(uintptr_t)b));
+			TH_ASSERT(!sop__map_get(TH_POOL(pool), (CUdeviceptr)(uintptr_t)b));
 		} else {
 			TH_EQ(block_at(pool, a, &n), SOP_BLOCK_FREE);
 			TH_EQ(n, 8 * MiB);
@@ -280,7 +280,7 @@ reclaim(CUstream s, CUstream s2)
 		TH_OK(sop_stream_synchronize(s));
 		TH_OK(sop_stream_synchronize(s2));
 		TH_CHECK(pool);
-		atomic_store(&pool->threads_met, false);
+		atomic_store(&TH_POOL(pool)->threads_met, false);
 	}
 	TH_OK(sop_pool_destroy(pool));
 }

@@ -183,29 +183,30 @@ anchor(CUstream s)
 	TH_OK(sop_malloc_from_pool_async(&p, 32 * MiB, kept, s));
 	TH_OK(sop_free_async(p, s));
 	TH_OK(sop_stream_synchronize(s));
-	TH_ASSERT(!kept->anchored);
+	TH_ASSERT(!TH_POOL(kept)->anchored);
 
 	/* Threshold 0: the first synchronization that empties it makes the anchor. */
 	TH_OK(sop_malloc_from_pool_async(&p, 32 * MiB, pool, s));
-	TH_ASSERT(!pool->anchored);
+	TH_ASSERT(!TH_POOL(pool)->anchored);
 	TH_OK(sop_free_async(p, s));
 	TH_OK(sop_stream_synchronize(s));
 	TH_EQ(reserved(pool), 0);
-	TH_EQ(pool->anchored, can);
-	if (pool->anchored) {
-		TH_OK(th.cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)pool->va_base));
+	TH_EQ(TH_POOL(pool)->anchored, can);
+	if (TH_POOL(pool)->anchored) {
+		TH_OK(th.cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)TH_POOL(pool)->va_base));
 		TH_OK(th.cuMemGetAllocationPropertiesFromHandle(&prop, h));
 		TH_ASSERT(prop.location.type == CU_MEM_LOCATION_TYPE_HOST ||
 			  prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA);
 		TH_OK(sop__drv.cuMemRelease(h));
-		TH_OK(th.cuMemGetAccess(&flags, &dev, pool->va_base));
+		TH_OK(th.cuMemGetAccess(&flags, &dev, TH_POOL(pool)->va_base));
 		TH_EQ(flags, CU_MEM_ACCESS_FLAGS_PROT_READ);
 	}
 	/* Growth maps next to it, in the same 512 MiB, and makes no other. */
 	for (i = 0; i < 3; i++) {
 		TH_OK(sop_malloc_from_pool_async(&p, 32 * MiB, pool, s));
-		TH_ASSERT((CUdeviceptr)(uintptr_t)p >= pool->va_base + pool->granularity);
-		TH_ASSERT((CUdeviceptr)(uintptr_t)p + 32 * MiB <= pool->va_base + 512 * MiB);
+		TH_ASSERT((CUdeviceptr)(uintptr_t)p >=
+			  TH_POOL(pool)->va_base + TH_POOL(pool)->granularity);
+		TH_ASSERT((CUdeviceptr)(uintptr_t)p + 32 * MiB <= TH_POOL(pool)->va_base + 512 * MiB);
 		TH_OK(sop_free_async(p, s));
 		TH_OK(sop_stream_synchronize(s));
 		TH_EQ(reserved(pool), 0);

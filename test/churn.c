@@ -1,0 +1,386 @@
+/* churn.c - pools made and destroyed by the thousand, as a server that makes a pool per job or
+ * per tenant does. sop's host memory must stay within a bound whatever the count: a torn-down
+ * pool's object, stream states, descriptors and block map are freed once no call can be reading
+ * them (epoch.c), and the handle table keeps a slot per pool alive at one time. And a handle
+ * kept past its pool's destruction must be refused by every call that takes a pool, whether
+ * the pool is destroyed with allocations still live, torn down, freed, or its slot names a new
+ * pool: CUDA_ERROR_INVALID_VALUE, out-parameters untouched, the new pool untouched.
+ *
+ * test-churn [pools] [threads]: pools per phase (default 20000; a tenth under the sanitizers,
+ * whose allocators also keep freed memory on purpose, so that the resident-memory bound is
+ * checked only without them), threads of the threaded phase (default 4). */
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#define POOLS_DEFAULT 2000
+#else
+#define SANITIZED 0
+#define POOLS_DEFAULT 20000
+#endif
+
+/* Resident memory may grow this much over a round of thousands of pools, after a warm-up and
+ * with no pool waiting to be freed (before reclamation, 20000 pools took 200 MiB). With threads,
+ * each thread's allocator arena keeps pieces of the memory freed in it, which the allocator
+ * cannot give back. */
+#define RSS_SLACK (2 * MiB)
+#define RSS_SLACK_THREADS (4 * MiB)
+
+/* Resident memory, once the allocator has given back what it can: what it keeps of freed
+ * memory, in each thread's arena, is not memory sop keeps. */
+static size_t
+rss(void)
+{
+	long pages = 0, resident = 0;
+	FILE *f;
+
+#ifdef __GLIBC__
+	malloc_trim(0);
+#endif
+	f = fopen("/proc/self/statm", "r");
+
+	TH_ASSERT(f);
+	TH_ASSERT(fscanf(f, "%ld %ld", &pages, &resident) == 2);
+	fclose(f);
+	return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+static CUmemPoolProps
+props_of(int device)
+{
+	CUmemPoolProps props;
+
+	memset(&props, 0, sizeof props);
+	props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+	props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	props.location.id = device;
+	return props;
+}
+
+static unsigned
+slot_of(sop_pool_t pool)
+{
+	return (unsigned)((uintptr_t)pool & ((1u << SOP_HANDLE_INDEX_BITS) - 1));
+}
+
+/* Every call that takes a pool refuses h, and leaves its out-parameters alone. */
+static void
+refused(sop_pool_t h, CUstream s)
+{
+	static const CUmemPool_attribute attrs[] = {
+		CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+		CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,            CU_MEMPOOL_ATTR_USED_MEM_HIGH};
+	CUmemAccessDesc desc = {{CU_MEM_LOCATION_TYPE_DEVICE, 1},
+				CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+	CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+	CUmemAccess_flags flags = (CUmemAccess_flags)77;
+	cuuint64_t v = 12345;
+	size_t largest = 7, total = 7, i;
+	void *p = (void *)&v;
+	int on = 7;
+
+	for (i = 0; i < sizeof attrs / sizeof *attrs; i++) {
+		TH_EQ(sop_pool_get_attr(h, attrs[i], &v), CUDA_ERROR_INVALID_VALUE);
+		TH_EQ(v, 12345);
+	}
+	v = 0;
+	TH_EQ(sop_pool_set_attr(h, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v),
+	      CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(sop_pool_set_attr(h, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &v), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(sop_pool_get_free_extents(h, &largest, &total), CUDA_ERROR_INVALID_VALUE);
+	TH_ASSERT(largest == 7 && total == 7);
+	TH_EQ(sop_pool_set_compaction(h, 1), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(sop_pool_get_compaction(h, &on), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(on, 7);
+	TH_EQ(sop_trim_to(h, 0), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(sop_pool_set_access(h, &desc, 1), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(sop_pool_set_access(h, NULL, 0), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(sop_pool_get_access(&flags, h, &loc), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(flags, 77);
+	TH_EQ(sop_device_set_pool(0, h), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(sop_malloc_from_pool_async(&p, 4096, h, s), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(sop_malloc_from_pool_async(&p, 0, h, s), CUDA_ERROR_INVALID_VALUE);
+	TH_ASSERT(p == (void *)&v);
+	TH_EQ(sop_pool_destroy(h), CUDA_ERROR_INVALID_VALUE);
+}
+
+/* A handle through each stage of its pool's end, and its slot's next pool. */
+static void
+stale_handles(CUstream s)
+{
+	CUmemPoolProps props = props_of(0);
+	cuuint64_t keep = 64 * MiB, v = 0;
+	sop_pool_t pool, next, cur, def, owner = NULL;
+	size_t slots = sop__handles_used();
+	void *a, *b, *c;
+
+	TH_OK(sop_device_get_default_pool(&def, 0));
+	TH_EQ(sop_pool_destroy(def), CUDA_ERROR_INVALID_VALUE);
+	refused(NULL, s);
+	refused((sop_pool_t)(uintptr_t)0x1234, s); /* a slot never given out */
+	refused((sop_pool_t)(uintptr_t)-1, s);
+	refused((sop_pool_t)(uintptr_t)slot_of(def), s); /* the default's slot, generation 0 */
+
+	/* Destroyed with an allocation live: refused at once, the allocation stays usable. */
+	TH_OK(sop_pool_create(&pool, &props));
+	TH_OK(sop_device_set_pool(0, pool));
+	TH_OK(sop_malloc_from_pool_async(&a, 3 * MiB, pool, s));
+	TH_OK(sop_pool_destroy(pool));
+	refused(pool, s);
+	TH_OK(sop_device_get_pool(&cur, 0));
+	TH_ASSERT(cur == def);
+	th_fill(a, 3 * MiB, 0xfeedf00d, s);
+	TH_ASSERT(th_verify(a, 3 * MiB, 0xfeedf00d, s));
+	TH_OK(sop_pointer_get_pool(&owner, a));
+	TH_ASSERT(owner == pool);
+	TH_EQ(sop__handles_used(), slots + 1);
+
+	/* Torn down at the synchronization that covers the last free, then freed (the
+	 * synchronization reclaims once it has unpinned). */
+	TH_OK(sop_free_async(a, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_EQ(sop__handles_used(), slots);
+	TH_EQ(sop__epoch_retired(), 0);
+	refused(pool, s);
+	/* Its memory: the pointer is nobody's now. */
+	owner = NULL;
+	TH_EQ(sop_pointer_get_pool(&owner, a), CUDA_ERROR_INVALID_VALUE);
+	TH_ASSERT(owner == NULL);
+	TH_EQ(sop_free_async(a, s), CUDA_ERROR_INVALID_VALUE);
+	TH_EQ(sop_free(a), CUDA_ERROR_INVALID_VALUE);
+
+	/* The slot goes to the next pool, under a new generation: the old handle still names
+	 * nothing, and calls with it leave the new pool as it was. */
+	TH_OK(sop_pool_create(&next, &props));
+	TH_ASSERT(next != pool);
+	TH_EQ(slot_of(next), slot_of(pool));
+	TH_OK(sop_pool_set_attr(next, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	TH_OK(sop_malloc_from_pool_async(&b, 5 * MiB, next, s));
+	TH_OK(sop_malloc_from_pool_async(&c, 40 * MiB, next, s));
+	TH_OK(sop_free_async(c, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_ASSERT(th_attr(next, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) > 40 * MiB);
+	v = th_attr(next, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+	refused(pool, s);
+	TH_OK(sop_pool_get_attr(next, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	TH_EQ(keep, 64 * MiB);
+	TH_EQ(th_attr(next, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), v); /* no trim */
+	TH_EQ(th_attr(next, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 5 * MiB);
+	TH_OK(sop_device_get_pool(&cur, 0));
+	TH_ASSERT(cur == def);
+	{
+		int on = 1;
+		TH_OK(sop_pool_get_compaction(next, &on));
+		TH_EQ(on, 0);
+	}
+	TH_OK(sop_pointer_get_pool(&owner, b));
+	TH_ASSERT(owner == next);
+	TH_CHECK(next);
+	TH_OK(sop_free_async(b, s));
+	TH_OK(sop_pool_destroy(next));
+	TH_OK(sop_stream_synchronize(s));
+	refused(next, s);
+	refused(pool, s);
+	TH_EQ(sop__handles_used(), slots);
+	TH_EQ(sop__epoch_retired(), 0);
+}
+
+/* Make, use once and destroy n pools on one stream, as a job would. */
+static void
+churn(int n, CUstream s, int device)
+{
+	CUmemPoolProps props = props_of(device);
+	int i;
+
+	for (i = 0; i < n; i++) {
+		sop_pool_t pool;
+		void *p;
+
+		TH_OK(sop_pool_create(&pool, &props));
+		TH_OK(sop_malloc_from_pool_async(&p, MiB, pool, s));
+		TH_OK(sop_free_async(p, s));
+		TH_OK(sop_stream_synchronize(s));
+		TH_OK(sop_pool_destroy(pool));
+	}
+}
+
+static void
+one_thread(int n, CUstream s)
+{
+	size_t before, after;
+
+	churn(n / 10, s, 0); /* warm: the allocator's arenas, the block map's directory */
+	before = rss();
+	churn(n, s, 0);
+	after = rss();
+	printf("churn: %d pools on one thread, resident %zu KiB -> %zu KiB\n", n, before / KiB,
+	       after / KiB);
+	TH_ASSERT(SANITIZED || after <= before + RSS_SLACK);
+	TH_EQ(sop__epoch_retired(), 0);
+}
+
+/* Threads that churn, each on its own stream, while a prober calls pools they are about to
+ * destroy: a handle found live a moment before its teardown, and a pointer found live before
+ * its free. Every answer is a pool's or a refusal; the pinned calls keep the pool readable.
+ * The threads stay for both rounds, a warm-up and the one measured, as a server's would: new
+ * threads would bring new allocator arenas, which is not sop's memory. */
+#define ROUNDS 2
+
+struct shared {
+	CUcontext ctx; /* device 0's, current on every thread */
+	int n[ROUNDS], device;
+	pthread_barrier_t start, done;
+	_Atomic(uintptr_t) handle, ptr;
+	atomic_bool stop;
+	atomic_long probes, refusals, most_retired;
+};
+
+static void *
+churner(void *arg)
+{
+	struct shared *sh = arg;
+	CUmemPoolProps props = props_of(sh->device);
+	CUstream s;
+	int i, round;
+
+	TH_OK(th.cuCtxSetCurrent(sh->ctx));
+	s = th_stream();
+	for (round = 0; round < ROUNDS; round++) {
+		pthread_barrier_wait(&sh->start);
+		for (i = 0; i < sh->n[round]; i++) {
+			sop_pool_t pool;
+			void *p;
+
+			TH_OK(sop_pool_create(&pool, &props));
+			TH_OK(sop_malloc_from_pool_async(&p, (size_t)(1 + i % 7) * 64 * KiB, pool,
+							 s));
+			atomic_store(&sh->handle, (uintptr_t)pool);
+			atomic_store(&sh->ptr, (uintptr_t)p);
+			TH_OK(sop_free_async(p, s));
+			if (i % 3 == 0) {
+				/* Destroyed before the free is known complete: torn down at the
+				 * synchronization. */
+				TH_OK(sop_pool_destroy(pool));
+				TH_OK(sop_stream_synchronize(s));
+			} else {
+				TH_OK(sop_stream_synchronize(s));
+				TH_OK(sop_pool_destroy(pool));
+			}
+		}
+		pthread_barrier_wait(&sh->done);
+	}
+	th_stream_destroy(s);
+	return NULL;
+}
+
+static void *
+prober(void *arg)
+{
+	struct shared *sh = arg;
+	long probes = 0, refusals = 0;
+
+	while (!atomic_load(&sh->stop)) {
+		sop_pool_t h = (sop_pool_t)atomic_load(&sh->handle), owner;
+		void *p = (void *)atomic_load(&sh->ptr);
+		size_t largest, total, waiting;
+		cuuint64_t v;
+		CUresult r;
+
+		r = sop_pool_get_attr(h, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v);
+		TH_ASSERT(r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_VALUE);
+		refusals += r != CUDA_SUCCESS;
+		r = sop_pool_get_free_extents(h, &largest, &total);
+		TH_ASSERT(r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_VALUE);
+		r = sop_trim_to(h, 0);
+		TH_ASSERT(r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_VALUE);
+		r = p ? sop_pointer_get_pool(&owner, p) : CUDA_ERROR_INVALID_VALUE;
+		TH_ASSERT(r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_VALUE);
+		probes++;
+		waiting = sop__epoch_retired();
+		if ((long)waiting > atomic_load(&sh->most_retired))
+			atomic_store(&sh->most_retired, (long)waiting);
+		sched_yield(); /* where CPUs are few, the churners come first */
+	}
+	atomic_store(&sh->probes, probes);
+	atomic_store(&sh->refusals, refusals);
+	return NULL;
+}
+
+static void
+many_threads(int n, int threads)
+{
+	size_t before = 0, after = 0, slots = sop__handles_used();
+	pthread_t t[16], probe;
+	struct shared sh;
+	int k, round;
+
+	memset(&sh, 0, sizeof sh);
+	TH_OK(sop__drv.cuCtxGetCurrent(&sh.ctx));
+	/* Pools of another device than the streams', where there is one. */
+	sh.device = th_n_devices > 1 ? 1 : 0;
+	sh.n[0] = n / threads / 8;
+	sh.n[1] = n / threads / 2;
+	TH_ASSERT(pthread_barrier_init(&sh.start, NULL, (unsigned)threads + 1) == 0);
+	TH_ASSERT(pthread_barrier_init(&sh.done, NULL, (unsigned)threads + 1) == 0);
+	TH_ASSERT(pthread_create(&probe, NULL, prober, &sh) == 0);
+	for (k = 0; k < threads; k++)
+		TH_ASSERT(pthread_create(&t[k], NULL, churner, &sh) == 0);
+	for (round = 0; round < ROUNDS; round++) {
+		pthread_barrier_wait(&sh.start);
+		pthread_barrier_wait(&sh.done);
+		/* The churners wait at a barrier, unpinned; the prober's calls are short: what
+		 * was retired goes now, so that both readings count no pool waiting. */
+		while (sop__epoch_reclaim(), sop__epoch_retired())
+			sched_yield();
+		if (round == 0)
+			before = rss();
+		else
+			after = rss();
+	}
+	for (k = 0; k < threads; k++)
+		TH_ASSERT(pthread_join(t[k], NULL) == 0);
+	atomic_store(&sh.stop, true);
+	TH_ASSERT(pthread_join(probe, NULL) == 0);
+	pthread_barrier_destroy(&sh.start);
+	pthread_barrier_destroy(&sh.done);
+	printf("churn: %d pools on %d threads (%ld probes, %ld refused, at most %ld waiting to be "
+	       "freed), resident %zu KiB -> %zu KiB\n",
+	       sh.n[1] * threads, threads, atomic_load(&sh.probes), atomic_load(&sh.refusals),
+	       atomic_load(&sh.most_retired), before / KiB, after / KiB);
+	TH_ASSERT(SANITIZED || after <= before + RSS_SLACK_THREADS);
+	/* A creation waits while more are retired: each thread adds its own at most. */
+	TH_ASSERT(atomic_load(&sh.most_retired) <= SOP_RETIRED_MAX + threads);
+	/* Nobody is pinned now: whatever was retired went. */
+	TH_EQ(sop__handles_used(), slots);
+	sop__epoch_reclaim();
+	TH_EQ(sop__epoch_retired(), 0);
+}
+
+int
+main(int argc, char **argv)
+{
+	int n = argc > 1 ? atoi(argv[1]) : POOLS_DEFAULT;
+	int threads = argc > 2 ? atoi(argv[2]) : 4;
+	CUstream s;
+
+	th_init();
+	TH_ASSERT(n >= 10 && threads >= 1 && threads <= 16);
+	s = th_stream();
+	stale_handles(s);
+	one_thread(n, s);
+	many_threads(n, threads);
+	stale_handles(s);
+	th_stream_destroy(s);
+	printf("churn: ok\n");
+	return 0;
+}
