@@ -149,6 +149,13 @@ CUresult sop_event_synchronize(CUevent event);
 CUresult sop_ctx_synchronize(void);
 CUresult sop_event_destroy(CUevent event);
 
+/* Wrapper of cuStreamDestroy that tells sop the stream is gone: what sop keeps for it is let go
+ * once nothing is cached or allocated on it, and, where the stream still has work running, a
+ * last probe event makes the frees before the destroy reusable by other streams once that work
+ * is done (after a stream destroyed with cuStreamDestroy alone, that memory waits for the
+ * stream's earlier probes or for sop_ctx_synchronize). Returns cuStreamDestroy's code. */
+CUresult sop_stream_destroy(CUstream stream);
+
 /* ---- Diagnostics ------------------------------------------------------------------------ */
 
 /* How many times sop has called each driver entry point since the process started (every pool,

@@ -165,14 +165,11 @@ sop__pool_check(struct sop_pool *pool)
 	CHECK(used == sop__pool_used(pool, false));
 	{
 		/* The watermark, folded or still in the shards, is at least the current value. */
-		int64_t hw = 0;
-		struct sop__sstream *lists[2] = {pool->streams, pool->spare_streams};
-		for (int i = 0; i < 2; i++) {
-			for (ss = lists[i]; ss; ss = ss->next) {
-				sop__lock_take(&ss->lock);
-				hw += ss->used_hw;
-				sop__lock_drop(&ss->lock);
-			}
+		int64_t hw = pool->retired_hw;
+		for (ss = pool->streams; ss; ss = ss->next) {
+			sop__lock_take(&ss->lock);
+			hw += ss->used_hw;
+			sop__lock_drop(&ss->lock);
 		}
 		CHECK(used <= pool->used_high || (int64_t)used <= hw);
 	}

@@ -1,11 +1,13 @@
-/* epoch.c - deferred reclamation: a torn-down pool is freed once no call can be reading it.
+/* epoch.c - deferred reclamation: an object is freed once no call can be reading it.
  *
  * A pool is found without its lock in several places: a handle's slot, the address registry (a
  * free names only a pointer), a device's current pool, a synchronization's snapshot of the live
  * pools. Teardown unlinks it from all of them, but a thread may have found it a moment before
  * and still be using it, with its stream states, descriptors and block map. So the object is
  * not freed at teardown: it is retired, and freed once every call that was running then has
- * returned (a grace period, as in RCU or epoch-based reclamation):
+ * returned (a grace period, as in RCU or epoch-based reclamation). Stream states (which thread
+ * caches name) and stream records (which calls look up and keep through the call) go the same
+ * way:
  *
  *  - a public call that reads pools pins its thread (sop__pin, internal.h): it counts up a word
  *    of its own, odd while pinned, even once it returns;
@@ -49,11 +51,11 @@
 struct sop__epoch_global sop__epoch;
 __thread struct sop__pin *sop__pin_self __attribute__((tls_model("initial-exec")));
 
-/* Pools retired together, and the threads that were pinned when the unlinking had been seen
+/* Objects retired together, and the threads that were pinned when the unlinking had been seen
  * everywhere, with the word each had then. */
 struct batch {
 	struct batch *next;
-	struct sop_pool *pools; /* linked through next */
+	struct sop__retired *objs; /* linked through next */
 	size_t n;
 	struct {
 		struct sop__pin *pin; /* NULL once its thread has exited */
@@ -64,7 +66,7 @@ struct batch {
 /* Everything below, under this lock. */
 static pthread_mutex_t epoch_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct sop__pin *pins;
-static struct sop_pool *fresh;   /* retired since the last reclamation, linked through next */
+static struct sop__retired *fresh; /* retired since the last reclamation, linked through next */
 static struct batch *waiting;    /* each waits for its threads to unpin */
 /* Threads pinned without a record of their own (no host memory for one): while any is, pools
  * retired before wait, since who they are is not known. */
@@ -191,12 +193,18 @@ sop__unpin_counted(void)
 /* ---- Retirement ------------------------------------------------------------------------- */
 
 void
-sop__epoch_retire(struct sop_pool *pool)
+sop__epoch_retire(struct sop__retired *r, void (*free_fn)(struct sop__retired *), bool bounded)
 {
+	r->free = free_fn;
+	r->bounded = bounded;
+	if (sop__pin_self)
+		sop__pin_self->retired = true;
 	pthread_mutex_lock(&epoch_lock);
-	pool->next = fresh;
-	fresh = pool;
-	atomic_fetch_add_explicit(&sop__epoch.n_retired, 1, memory_order_relaxed);
+	r->next = fresh;
+	fresh = r;
+	if (bounded)
+		atomic_fetch_add_explicit(&sop__epoch.n_retired, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&sop__epoch.n_all, 1, memory_order_relaxed);
 	pthread_mutex_unlock(&epoch_lock);
 }
 
@@ -213,10 +221,10 @@ batch_done(const struct batch *b)
 	return true;
 }
 
-/* Move the fresh pools into a batch that waits for the threads pinned now, or into *ready if
+/* Move the fresh objects into a batch that waits for the threads pinned now, or into *ready if
  * none is. Epoch lock held. */
 static void
-fresh_seal(struct sop_pool **ready)
+fresh_seal(struct sop__retired **ready)
 {
 	struct sop__pin *p;
 	struct batch *b;
@@ -229,7 +237,7 @@ fresh_seal(struct sop_pool **ready)
 	b = malloc(sizeof *b + n * sizeof b->e[0]);
 	if (!b)
 		return; /* they stay fresh, for the next time */
-	/* The pools were unlinked before they were retired: once every thread has run a barrier,
+	/* The objects were unlinked before they were retired: once every thread has run a barrier,
 	 * a thread that is not pinned now will not find them when it pins. */
 	if (!barrier_everywhere() || atomic_load(&n_counted)) {
 		free(b);
@@ -250,7 +258,7 @@ fresh_seal(struct sop_pool **ready)
 		return;
 	}
 	b->n = k;
-	b->pools = fresh;
+	b->objs = fresh;
 	fresh = NULL;
 	b->next = waiting;
 	waiting = b;
@@ -259,10 +267,10 @@ fresh_seal(struct sop_pool **ready)
 void
 sop__epoch_reclaim(void)
 {
-	struct sop_pool *ready = NULL, *pool, *next;
+	struct sop__retired *ready = NULL, *r, *next;
 	struct batch **bp, *b;
 
-	if (!atomic_load_explicit(&sop__epoch.n_retired, memory_order_relaxed))
+	if (!atomic_load_explicit(&sop__epoch.n_all, memory_order_relaxed))
 		return;
 	pthread_mutex_lock(&epoch_lock);
 	for (bp = &waiting; (b = *bp);) {
@@ -271,29 +279,32 @@ sop__epoch_reclaim(void)
 			continue;
 		}
 		*bp = b->next;
-		for (pool = b->pools; pool; pool = next) {
-			next = pool->next;
-			pool->next = ready;
-			ready = pool;
+		for (r = b->objs; r; r = next) {
+			next = r->next;
+			r->next = ready;
+			ready = r;
 		}
 		free(b);
 	}
 	if (fresh) {
-		struct sop_pool *now = NULL;
+		struct sop__retired *now = NULL;
 		fresh_seal(&now);
-		for (pool = now; pool; pool = next) {
-			next = pool->next;
-			pool->next = ready;
-			ready = pool;
+		for (r = now; r; r = next) {
+			next = r->next;
+			r->next = ready;
+			ready = r;
 		}
 	}
-	for (pool = ready; pool; pool = pool->next)
-		atomic_fetch_sub_explicit(&sop__epoch.n_retired, 1, memory_order_relaxed);
+	for (r = ready; r; r = r->next) {
+		if (r->bounded)
+			atomic_fetch_sub_explicit(&sop__epoch.n_retired, 1, memory_order_relaxed);
+		atomic_fetch_sub_explicit(&sop__epoch.n_all, 1, memory_order_relaxed);
+	}
 	pthread_mutex_unlock(&epoch_lock);
-	/* Outside the lock: freeing may unmap a block map's directory. */
-	while ((pool = ready)) {
-		ready = pool->next;
-		sop__pool_free(pool);
+	/* Outside the lock: freeing may unmap a block map's directory, or destroy events. */
+	while ((r = ready)) {
+		ready = r->next;
+		r->free(r);
 	}
 }
 

@@ -3,6 +3,7 @@
  *
  * Files:
  *   driver.c   the only file that calls cu*: a table of entry points loaded with dlopen
+ *   epoch.c    deferred reclamation: an object is freed once no call can be reading it
  *   bins.c     segregated-fit free lists (TLSF): two bitmaps and 32 lists per power of two
  *   heap.c     blocks, segments, pieces and the pool-wide heap: split, merge, grow, release
  *   order.c    who a stream is (by id), epochs, probe events, what events carry
@@ -10,7 +11,6 @@
  *   pool.c     pool objects: create, destroy, attributes, access, trim, synchronization
  *   registry.c process-wide state: pool handles, the address-to-pool table, default and current
  *              pools
- *   epoch.c    deferred reclamation: a torn-down pool is freed once no call can be reading it
  *   check.c    sop__pool_check, the invariant walker
  *   sop.c      public entry points: check arguments, take locks, call in
  */
@@ -145,6 +145,7 @@ sop__lock_take_waited(struct sop__lock *l)
 	X(cuDevicePrimaryCtxGetState)                                                              \
 	X(cuStreamGetCtx)                                                                          \
 	X(cuStreamGetId)                                                                           \
+	X(cuStreamDestroy)                                                                         \
 	X(cuStreamSynchronize)                                                                     \
 	X(cuStreamWaitEvent)                                                                       \
 	X(cuEventCreate)                                                                           \
@@ -209,6 +210,103 @@ void *sop__driver_handle(void);
  * (sop's probe events live in it: order.c); *out NULL if it is not active. A stream whose context
  * is not this one is of a context the application created. */
 CUresult sop__driver_primary(CUdevice device, CUcontext *out);
+
+/* ---- epoch.c ----------------------------------------------------------------------------- */
+
+/* Deferred reclamation. A call that reads a pool it found without the pool's lock (through a
+ * handle, the address registry, a device's current pool, a snapshot of live pools) pins its
+ * thread for the duration; a torn-down pool is retired, and freed only once every thread
+ * pinned when its unlinking was seen everywhere has unpinned. */
+struct sop__pin {
+	/* Written by its thread alone: twice the pins so far, plus one while pinned. */
+	_Alignas(64) _Atomic uint64_t word;
+	bool retired; /* its thread retired objects in this pin: it reclaims at the unpin */
+	struct sop__pin *prev, *next; /* every thread's, under the epoch lock */
+};
+
+/* Read on every pin, written at init; and the counts of retired objects, read by every call
+ * that may reclaim and written when an object is retired or freed. */
+struct sop__epoch_global {
+	_Alignas(64) bool cheap; /* membarrier supplies the reclaimer's barrier: a pin needs none */
+	atomic_size_t n_retired; /* pools waiting to be freed */
+	atomic_size_t n_all;     /* every object waiting to be freed */
+};
+
+/* Embedded in an object that can be retired. */
+struct sop__retired {
+	struct sop__retired *next;
+	void (*free)(struct sop__retired *r);
+	bool bounded; /* counted in n_retired: a pool */
+};
+extern struct sop__epoch_global sop__epoch;
+extern __thread struct sop__pin *sop__pin_self __attribute__((tls_model("initial-exec")));
+
+/* Once, before the first pin (sop__init). */
+void sop__epoch_init(void);
+/* The slow pin: the thread's first (it registers), or one without host memory for a record
+ * (NULL: counted instead, and unpinned by sop__unpin(NULL)). */
+struct sop__pin *sop__pin_slow(void);
+void sop__unpin_counted(void);
+/* A full barrier, that ThreadSanitizer understands. */
+void sop__barrier(void);
+
+/* Pin the calling thread: pools it finds from now on are not freed before sop__unpin. Not
+ * nested: a public call pins once. A store to the thread's own line, no locked instruction
+ * (the reclamation supplies the barrier, see epoch.c). */
+static inline struct sop__pin *
+sop__pin(void)
+{
+	struct sop__pin *p = sop__pin_self;
+
+	if (SOP_UNLIKELY(!p))
+		return sop__pin_slow();
+	/* Release, like the unpin: a reclamation that reads this word has seen the end of every
+	 * earlier pin of the thread. */
+	atomic_store_explicit(&p->word, atomic_load_explicit(&p->word, memory_order_relaxed) + 1,
+			      memory_order_release);
+	if (SOP_LIKELY(sop__epoch.cheap))
+		atomic_signal_fence(memory_order_seq_cst);
+	else
+		sop__barrier();
+	return p;
+}
+
+void sop__epoch_reclaim(void);
+
+/* Unpin; a call that retired objects then reclaims, so that what it retired is freed as soon as
+ * no other call holds it, not at some later pool operation. */
+static inline void
+sop__unpin(struct sop__pin *p)
+{
+	if (SOP_LIKELY(p != NULL)) {
+		atomic_store_explicit(&p->word,
+				      atomic_load_explicit(&p->word, memory_order_relaxed) + 1,
+				      memory_order_release);
+		if (SOP_UNLIKELY(p->retired)) {
+			p->retired = false;
+			sop__epoch_reclaim();
+		}
+	} else {
+		sop__unpin_counted();
+	}
+}
+
+/* Put an object, unlinked from everything that finds it, in line to be freed by free_fn once
+ * no pinned call can be reading it. bounded: a pool, which sop__epoch_bound counts. */
+void sop__epoch_retire(struct sop__retired *r, void (*free_fn)(struct sop__retired *r),
+		       bool bounded);
+/* Free the retired objects that no pinned thread can be reading; note which threads the others
+ * wait for. Never waits. Call unpinned. */
+void sop__epoch_reclaim(void);
+/* At most this many retired pools wait to be freed when a pool is made: sop__epoch_bound waits
+ * for the threads that hold the others back (a call preempted while pinned holds back every
+ * pool retired meanwhile: four threads making a pool per job each had up to 700 waiting on
+ * the simulated driver, 30 MiB). */
+#define SOP_RETIRED_MAX 64
+/* Reclaim, and wait until at most SOP_RETIRED_MAX pools are retired. Call unpinned. */
+void sop__epoch_bound(void);
+/* Pools retired and not yet freed, for tests. */
+size_t sop__epoch_retired(void);
 
 /* ---- bins.c ------------------------------------------------------------------------------ */
 
@@ -489,12 +587,13 @@ sop__stream_special(CUstream s)
 	return (uintptr_t)s <= (uintptr_t)CU_STREAM_PER_THREAD;
 }
 
-/* A set of (stream, epoch): "ordered after the work of each stream up to its epoch". */
+/* A set of (stream, epoch): "ordered after the work of each stream up to its epoch". A stream is
+ * named by its record's incarnation (gen, unique) and its id, never by address: a clock may
+ * outlive the record. */
 struct sop__clock {
 	unsigned n;
 	struct {
-		struct sop__stream *s;
-		uint64_t epoch;
+		uint64_t id, gen, epoch;
 	} e[SOP_DEPS];
 };
 
@@ -505,10 +604,13 @@ struct sop__probe {
 	bool pending;   /* recorded, not yet seen complete */
 };
 
-/* One per stream sop has seen (by cuStreamGetId), shared by every pool; kept for the process's
- * lifetime. */
+/* One per stream sop has seen (by cuStreamGetId), shared by every pool; freed once nobody
+ * holds it or has used it for a while (order.c). */
 struct sop__stream {
 	uint64_t id;
+	uint64_t gen;             /* this record's incarnation: unique, never reused */
+	atomic_uint refs;         /* pool stream states, synchronizations waiting for the driver */
+	atomic_bool used;         /* looked up since the last sweep */
 	CUcontext ctx;
 	uint64_t ctx_id;          /* cuCtxGetId: a context's handle value is reused too */
 	CUdevice device;
@@ -527,18 +629,33 @@ struct sop__stream {
 	struct sop__clock deps, claims;
 	atomic_uint n_order;      /* deps.n + claims.n, to read without the lock */
 	struct sop__stream *hash_next;
+	struct sop__retired retired;
 };
 
 /* The id of the stream a handle names now (cuStreamGetId); CUDA_ERROR_INVALID_CONTEXT for a
  * special handle with no current context, or the driver's code for a bad handle. */
 CUresult sop__stream_id(CUstream stream, uint64_t *id);
 /* The record of the stream with this id, which stream names in the current call; made on
- * first sight. CUDA_ERROR_OUT_OF_MEMORY without host memory, or the driver's code. */
-CUresult sop__stream_of(CUstream stream, uint64_t id, struct sop__stream **out);
+ * first sight. It stays readable while the caller is pinned (epoch.c); with hold, until
+ * sop__stream_release too. CUDA_ERROR_OUT_OF_MEMORY without host memory, or the driver's code. */
+CUresult sop__stream_of(CUstream stream, uint64_t id, bool hold, struct sop__stream **out);
 /* Both: the record of the stream a handle names now. */
-CUresult sop__stream_lookup(CUstream stream, struct sop__stream **out);
-/* Every record of the context with this id, in a malloc'd array. */
+CUresult sop__stream_lookup(CUstream stream, bool hold, struct sop__stream **out);
+/* Hold a record the caller can read (found while pinned, or held already); let it go. */
+void sop__stream_hold(struct sop__stream *st);
+void sop__stream_release(struct sop__stream *st);
+/* The record of this incarnation, held; NULL if it is gone. */
+struct sop__stream *sop__stream_find(uint64_t id, uint64_t gen);
+/* Every record of the context with this id that a pool's state holds (the others have nothing
+ * cached anywhere), held, in a malloc'd array. */
 struct sop__stream **sop__stream_all(uint64_t ctx_id, size_t *n);
+/* Records in the table, for tests. */
+size_t sop__streams_live(void);
+/* The stream with this id, which stream names now, is about to be destroyed: a last probe
+ * covers its frees, so that they become reusable once its work is done. Pinned. */
+void sop__stream_ending(CUstream stream, uint64_t id);
+/* The device of the stream with this id, which stream names now (cached per thread). Pinned. */
+CUresult sop__stream_device(CUstream stream, uint64_t id, CUdevice *device);
 /* More than one stream has been seen: observing completion can pay off. */
 bool sop__streams_interact(void);
 /* Mark the stream's current point: returns the epoch it closes. Call before the driver call
@@ -581,6 +698,8 @@ CUresult sop__event_record(CUevent ev, CUstream stream);
 CUresult sop__event_wait(CUstream stream, CUevent ev, unsigned int flags);
 bool sop__event_clock(CUevent ev, struct sop__clock *out);
 void sop__event_forget(CUevent ev);
+/* Events whose claims sop keeps, for tests (at most 2048). */
+size_t sop__events_live(void);
 
 /* ---- stream.c ---------------------------------------------------------------------------- */
 
@@ -603,11 +722,13 @@ struct sop__sstream {
 	uint64_t last_seq; /* the tag of the latest free into the cache */
 	uint64_t flushed;  /* frees up to here have left the cache (pool lock) */
 	bool active;       /* allocated or freed on since the last retirement pass */
+	atomic_bool gone;  /* its stream is known to be destroyed (stream.c) */
 	struct sop__bins cache;
 	/* Descriptors for splitting and merging cached blocks under the stream's lock alone. */
 	struct sop__block *spare;
 	unsigned n_spare;
-	struct sop__sstream *next; /* pool->streams or pool->spare_streams */
+	struct sop__sstream *next; /* pool->streams */
+	struct sop__retired retired;
 };
 
 /* Bytes cached on a stream, read under its lock (a free may be adding to them). */
@@ -639,8 +760,13 @@ CUresult sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream strea
 /* Move the cached blocks of ss freed up to epoch into the heap: their frees have completed.
  * Pool lock held. Returns the number of blocks moved. */
 size_t sop__sstream_flush(struct sop__sstream *ss, uint64_t epoch);
-/* Retire the pool's empty stream states (their streams may be gone). Pool lock held. */
+/* Retire the pool's stream states that hold nothing and were idle since the last pass, or whose
+ * streams are gone. Pool lock held. A pass runs whenever a pool has SOP_STATES_MIN states, or
+ * twice what the last pass left, and at context synchronizations: a pool keeps states for the
+ * streams used since the last pass, and for those with memory cached or allocated, and never
+ * many more. */
 void sop__sstream_retire_idle(struct sop_pool *pool);
+#define SOP_STATES_MIN 32
 /* Free every stream state of a pool being torn down. */
 void sop__sstream_destroy_all(struct sop_pool *pool);
 
@@ -663,6 +789,9 @@ struct sop_pool {
 	CUdeviceptr va_base;
 	size_t va_size;
 	_Atomic(uintptr_t) *map_dir; /* the block map, an entry per 64 KiB (heap.c) */
+	/* Moves on when a retirement pass retires stream states: thread caches follow only entries
+	 * of the current generation (stream.c). */
+	_Atomic uint64_t states_gen;
 	atomic_int reuse_follow, reuse_opportunistic, reuse_internal;
 	atomic_bool compact; /* sop_pool_set_compaction */
 	SOP_PAD(pad0);
@@ -688,8 +817,8 @@ struct sop_pool {
 	size_t n_slabs, cap_slabs;
 
 	struct sop__sstream *streams;
-	size_t n_streams;
-	struct sop__sstream *spare_streams; /* retired, kept for reuse: thread caches may name them */
+	size_t n_streams, retire_at; /* a retirement pass when n_streams reaches retire_at */
+	int64_t retired_hw; /* the highs of states retired since the last fold (sop__pool_used) */
 
 	CUmemAccessDesc *access; /* peers granted access, besides the owner */
 	size_t n_access;
@@ -725,7 +854,8 @@ struct sop_pool {
 	size_t n_leaf_spare, cap_leaf_spare, n_leaves;
 	struct sop__leaf_slab *leaf_slabs;
 
-	struct sop_pool *next; /* registry list; once torn down, its batch of retired pools */
+	struct sop_pool *next; /* registry list */
+	struct sop__retired retired; /* once torn down (epoch.c) */
 };
 
 /* Whether a stream of pool other than ss holds at least bytes in its cache: a hint, read
@@ -789,8 +919,6 @@ void sop__pool_destroy(struct sop_pool *pool);
  * lock has then been released). The caller is pinned: the object stays readable until it
  * unpins. */
 bool sop__pool_reap(struct sop_pool *pool);
-/* Free a retired pool's object and the host memory it still owns. No call may be reading it. */
-void sop__pool_free(struct sop_pool *pool);
 /* Apply the release threshold after frees became reusable. Pool lock held. */
 void sop__pool_apply_threshold(struct sop_pool *pool);
 /* The public calls' work, arguments already checked. */
@@ -803,6 +931,9 @@ CUresult sop__pool_trim(struct sop_pool *pool, size_t keep);
 /* Synchronize, then make the frees the synchronization covered reusable by every stream and
  * apply the release thresholds of the pools concerned. */
 CUresult sop__sync_stream(CUstream stream);
+/* The stream with this id is about to be destroyed: every pool's state for it may be retired as
+ * soon as nothing is cached or allocated on it. Pinned. */
+void sop__pools_stream_gone(uint64_t id);
 CUresult sop__sync_ctx(void);
 CUresult sop__sync_event(CUevent event);
 /* Push and pop the pool's context around driver calls that need one. */
@@ -883,83 +1014,6 @@ CUresult sop__set_current_pool(CUdevice device, struct sop_pool *pool);
  * current, both under the lock that sop__set_current_pool takes, so that no device can be left
  * with a destroyed pool as current. */
 void sop__forget_current(struct sop_pool *pool);
-
-/* ---- epoch.c ----------------------------------------------------------------------------- */
-
-/* Deferred reclamation. A call that reads a pool it found without the pool's lock (through a
- * handle, the address registry, a device's current pool, a snapshot of live pools) pins its
- * thread for the duration; a torn-down pool is retired, and freed only once every thread
- * pinned when its unlinking was seen everywhere has unpinned. */
-struct sop__pin {
-	/* Written by its thread alone: twice the pins so far, plus one while pinned. */
-	_Alignas(64) _Atomic uint64_t word;
-	struct sop__pin *prev, *next; /* every thread's, under the epoch lock */
-};
-
-/* Read on every pin, written at init; and the count of retired pools, read by every call that
- * may reclaim and written when a pool is retired or freed. */
-struct sop__epoch_global {
-	_Alignas(64) bool cheap; /* membarrier supplies the reclaimer's barrier: a pin needs none */
-	atomic_size_t n_retired; /* pools waiting to be freed */
-};
-extern struct sop__epoch_global sop__epoch;
-extern __thread struct sop__pin *sop__pin_self __attribute__((tls_model("initial-exec")));
-
-/* Once, before the first pin (sop__init). */
-void sop__epoch_init(void);
-/* The slow pin: the thread's first (it registers), or one without host memory for a record
- * (NULL: counted instead, and unpinned by sop__unpin(NULL)). */
-struct sop__pin *sop__pin_slow(void);
-void sop__unpin_counted(void);
-/* A full barrier, that ThreadSanitizer understands. */
-void sop__barrier(void);
-
-/* Pin the calling thread: pools it finds from now on are not freed before sop__unpin. Not
- * nested: a public call pins once. A store to the thread's own line, no locked instruction
- * (the reclamation supplies the barrier, see epoch.c). */
-static inline struct sop__pin *
-sop__pin(void)
-{
-	struct sop__pin *p = sop__pin_self;
-
-	if (SOP_UNLIKELY(!p))
-		return sop__pin_slow();
-	/* Release, like the unpin: a reclamation that reads this word has seen the end of every
-	 * earlier pin of the thread. */
-	atomic_store_explicit(&p->word, atomic_load_explicit(&p->word, memory_order_relaxed) + 1,
-			      memory_order_release);
-	if (SOP_LIKELY(sop__epoch.cheap))
-		atomic_signal_fence(memory_order_seq_cst);
-	else
-		sop__barrier();
-	return p;
-}
-
-static inline void
-sop__unpin(struct sop__pin *p)
-{
-	if (SOP_LIKELY(p != NULL))
-		atomic_store_explicit(&p->word,
-				      atomic_load_explicit(&p->word, memory_order_relaxed) + 1,
-				      memory_order_release);
-	else
-		sop__unpin_counted();
-}
-
-/* Put a torn-down pool, unlinked from every table, in line to be freed. */
-void sop__epoch_retire(struct sop_pool *pool);
-/* Free the retired pools that no pinned thread can be reading; note which threads the others
- * wait for. Never waits. Call unpinned. */
-void sop__epoch_reclaim(void);
-/* At most this many retired pools wait to be freed when a pool is made: sop__epoch_bound waits
- * for the threads that hold the others back (a call preempted while pinned holds back every
- * pool retired meanwhile: four threads making a pool per job each had up to 700 waiting on
- * the simulated driver, 30 MiB). */
-#define SOP_RETIRED_MAX 64
-/* Reclaim, and wait until at most SOP_RETIRED_MAX pools are retired. Call unpinned. */
-void sop__epoch_bound(void);
-/* Pools retired and not yet freed, for tests. */
-size_t sop__epoch_retired(void);
 
 /* ---- check.c ----------------------------------------------------------------------------- */
 

@@ -67,16 +67,36 @@ sop__stream_id(CUstream stream, uint64_t *id)
 
 /* ---- Stream records ----------------------------------------------------------------------- */
 
-#define STREAM_BUCKETS 256
+/* Records live in a table of shards keyed by stream id. A call finds one and uses it while it is
+ * pinned (epoch.c); a pool's stream state, or a synchronization that waits for the driver, holds
+ * it (refs). A record nobody holds and nobody looked up since the last sweep is swept out and
+ * freed once no pinned call can be reading it: its stream may be gone, and if it is not, its
+ * next use makes a new record. Clocks name records by their incarnation (gen), never by
+ * address, so nothing outlives a record but names that no longer match. */
+#define STREAM_SHARDS 16
+#define STREAM_BUCKETS 64
+/* A sweep runs when the table holds this many records more than the last one kept (or half as
+ * many more, if that is more). */
+#define SWEEP_MIN 256
 
-static pthread_mutex_t streams_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct sop__stream *streams[STREAM_BUCKETS];
-static atomic_uint n_streams;
+static struct {
+	pthread_mutex_t lock;
+	struct sop__stream *bucket[STREAM_BUCKETS];
+} shards[STREAM_SHARDS] = {
+#define SOP_SH_INIT {PTHREAD_MUTEX_INITIALIZER, {0}}
+	SOP_SH_INIT, SOP_SH_INIT, SOP_SH_INIT, SOP_SH_INIT, SOP_SH_INIT, SOP_SH_INIT,
+	SOP_SH_INIT, SOP_SH_INIT, SOP_SH_INIT, SOP_SH_INIT, SOP_SH_INIT, SOP_SH_INIT,
+	SOP_SH_INIT, SOP_SH_INIT, SOP_SH_INIT, SOP_SH_INIT,
+#undef SOP_SH_INIT
+};
+static atomic_size_t n_streams, n_seen, sweep_at = SWEEP_MIN;
+static _Atomic uint64_t next_gen = 1;
+static pthread_mutex_t sweep_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static unsigned
-stream_bucket(uint64_t id)
+stream_hash(uint64_t id)
 {
-	return (unsigned)(id * 0x9E3779B97F4A7C15u >> 56) % STREAM_BUCKETS;
+	return (unsigned)(id * 0x9E3779B97F4A7C15u >> 40);
 }
 
 /* What the driver says of a stream seen for the first time: its context, the context's id and
@@ -109,28 +129,86 @@ stream_describe(CUstream stream, struct sop__stream *st)
 	return CUDA_SUCCESS;
 }
 
+/* The record of id in its shard, marked used. Shard lock held. */
 static struct sop__stream *
-stream_find_locked(uint64_t id)
+stream_find_locked(unsigned h, uint64_t id)
 {
 	struct sop__stream *st;
 
-	for (st = streams[stream_bucket(id)]; st; st = st->hash_next)
-		if (st->id == id)
+	for (st = shards[h % STREAM_SHARDS].bucket[h / STREAM_SHARDS % STREAM_BUCKETS]; st;
+	     st = st->hash_next) {
+		if (st->id == id) {
+			if (!atomic_load_explicit(&st->used, memory_order_relaxed))
+				atomic_store_explicit(&st->used, true, memory_order_relaxed);
 			return st;
+		}
+	}
 	return NULL;
 }
 
-/* The record of the stream with this id (which stream names now), made on first sight. */
-static CUresult
-stream_record(CUstream stream, uint64_t id, struct sop__stream **out)
+static void
+stream_free(struct sop__retired *r)
 {
+	struct sop__stream *st = (struct sop__stream *)((char *)r - offsetof(struct sop__stream, retired));
+	unsigned k;
+
+	/* The context is a primary one sop retains: its events are still there. A record of
+	 * another context never made any. */
+	for (k = 0; k < SOP_PROBES; k++)
+		if (st->probe[k].ev)
+			SOP_DRV(cuEventDestroy)(st->probe[k].ev);
+	pthread_mutex_destroy(&st->lock);
+	free(st);
+}
+
+/* Take out the records nobody holds and nobody looked up since the last sweep, and retire them;
+ * the others start a new round unused. The bound: what is held, plus what was used within the
+ * last two sweeps, which come every SWEEP_MIN new records or more: at most twice what is held
+ * or in use, and SWEEP_MIN more. */
+static void
+streams_sweep(void)
+{
+	size_t kept = 0, i, j;
+
+	if (pthread_mutex_trylock(&sweep_lock))
+		return; /* another thread sweeps */
+	for (i = 0; i < STREAM_SHARDS; i++) {
+		pthread_mutex_lock(&shards[i].lock);
+		for (j = 0; j < STREAM_BUCKETS; j++) {
+			struct sop__stream **pp = &shards[i].bucket[j], *st;
+			while ((st = *pp)) {
+				if (atomic_load(&st->refs) ||
+				    atomic_exchange_explicit(&st->used, false, memory_order_relaxed)) {
+					pp = &st->hash_next;
+					kept++;
+					continue;
+				}
+				*pp = st->hash_next;
+				atomic_fetch_sub(&n_streams, 1);
+				sop__epoch_retire(&st->retired, stream_free, false);
+			}
+		}
+		pthread_mutex_unlock(&shards[i].lock);
+	}
+	/* The next sweep after a few hundred records more, or half as many as it kept: the records
+	 * made since are all used then, and a threshold of twice what was kept would keep that
+	 * many for good. Those kept are the held ones, those in use, and the last interval's. */
+	atomic_store(&sweep_at, kept + (kept / 2 > SWEEP_MIN ? kept / 2 : SWEEP_MIN));
+	pthread_mutex_unlock(&sweep_lock);
+}
+
+CUresult
+sop__stream_of(CUstream stream, uint64_t id, bool hold, struct sop__stream **out)
+{
+	unsigned h = stream_hash(id), sh = h % STREAM_SHARDS;
 	struct sop__stream *st, *had;
-	unsigned h = stream_bucket(id);
 	CUresult r;
 
-	pthread_mutex_lock(&streams_lock);
-	st = stream_find_locked(id);
-	pthread_mutex_unlock(&streams_lock);
+	pthread_mutex_lock(&shards[sh].lock);
+	st = stream_find_locked(h, id);
+	if (st && hold)
+		sop__stream_hold(st);
+	pthread_mutex_unlock(&shards[sh].lock);
 	if (st) {
 		*out = st;
 		return CUDA_SUCCESS;
@@ -145,113 +223,174 @@ stream_record(CUstream stream, uint64_t id, struct sop__stream **out)
 		return r;
 	}
 	st->id = id;
+	st->gen = atomic_fetch_add(&next_gen, 1);
 	atomic_init(&st->epoch, 1);
+	atomic_init(&st->used, true);
 	pthread_mutex_init(&st->lock, NULL);
-	pthread_mutex_lock(&streams_lock);
-	had = stream_find_locked(id);
+	pthread_mutex_lock(&shards[sh].lock);
+	had = stream_find_locked(h, id);
 	if (!had) {
-		st->hash_next = streams[h];
-		streams[h] = st;
-		atomic_fetch_add(&n_streams, 1);
+		struct sop__stream **b = &shards[sh].bucket[h / STREAM_SHARDS % STREAM_BUCKETS];
+		st->hash_next = *b;
+		*b = st;
+		atomic_fetch_add(&n_seen, 1);
 	}
-	pthread_mutex_unlock(&streams_lock);
+	if (hold)
+		sop__stream_hold(had ? had : st);
+	pthread_mutex_unlock(&shards[sh].lock);
 	if (had) {
 		pthread_mutex_destroy(&st->lock);
 		free(st);
-		st = had;
+		*out = had;
+		return CUDA_SUCCESS;
 	}
 	*out = st;
+	if (atomic_fetch_add(&n_streams, 1) + 1 > atomic_load(&sweep_at))
+		streams_sweep();
 	return CUDA_SUCCESS;
 }
 
-/* This thread's cache of records by stream id, direct-mapped: events and synchronizations name
- * streams on every call, and the table's lock would be taken on each. Records live for the
- * process, so an entry never dangles. */
-#define REC_CACHE_LOG2 6
-
-struct rec_cache {
-	struct {
-		uint64_t id;
-		struct sop__stream *st;
-	} e[1u << REC_CACHE_LOG2];
-};
-
-static __thread struct rec_cache *rcache __attribute__((tls_model("initial-exec")));
-static pthread_key_t rcache_key;
-static pthread_once_t rcache_once = PTHREAD_ONCE_INIT;
-
-static void
-rcache_key_make(void)
-{
-	pthread_key_create(&rcache_key, free);
-}
-
-static struct rec_cache *
-rcache_get(void)
-{
-	struct rec_cache *c = rcache;
-
-	if (SOP_LIKELY(c != NULL))
-		return c;
-	pthread_once(&rcache_once, rcache_key_make);
-	c = calloc(1, sizeof *c);
-	if (c) {
-		pthread_setspecific(rcache_key, c); /* freed when the thread exits */
-		rcache = c;
-	}
-	return c;
-}
-
 CUresult
-sop__stream_of(CUstream stream, uint64_t id, struct sop__stream **out)
-{
-	struct rec_cache *c = rcache_get();
-	unsigned slot = (unsigned)(id * 0x9E3779B97F4A7C15u >> (64 - REC_CACHE_LOG2));
-	CUresult r;
-
-	if (c && c->e[slot].id == id && c->e[slot].st) {
-		*out = c->e[slot].st;
-		return CUDA_SUCCESS;
-	}
-	r = stream_record(stream, id, out);
-	if (r == CUDA_SUCCESS && c) {
-		c->e[slot].id = id;
-		c->e[slot].st = *out;
-	}
-	return r;
-}
-
-CUresult
-sop__stream_lookup(CUstream stream, struct sop__stream **out)
+sop__stream_lookup(CUstream stream, bool hold, struct sop__stream **out)
 {
 	uint64_t id;
 	CUresult r = sop__stream_id(stream, &id);
 
-	return r == CUDA_SUCCESS ? sop__stream_of(stream, id, out) : r;
+	return r == CUDA_SUCCESS ? sop__stream_of(stream, id, hold, out) : r;
+}
+
+void
+sop__stream_hold(struct sop__stream *st)
+{
+	atomic_fetch_add_explicit(&st->refs, 1, memory_order_relaxed);
+}
+
+void
+sop__stream_release(struct sop__stream *st)
+{
+	/* The sweep reads refs under the shard lock and takes the record out only at 0: one held
+	 * is never retired. */
+	atomic_fetch_sub_explicit(&st->refs, 1, memory_order_release);
+}
+
+struct sop__stream *
+sop__stream_find(uint64_t id, uint64_t gen)
+{
+	unsigned h = stream_hash(id), sh = h % STREAM_SHARDS;
+	struct sop__stream *st;
+
+	pthread_mutex_lock(&shards[sh].lock);
+	st = stream_find_locked(h, id);
+	if (st && st->gen != gen)
+		st = NULL;
+	if (st)
+		sop__stream_hold(st);
+	pthread_mutex_unlock(&shards[sh].lock);
+	return st;
 }
 
 struct sop__stream **
 sop__stream_all(uint64_t ctx_id, size_t *n)
 {
-	struct sop__stream **v, *st;
-	size_t k = 0, cap = atomic_load(&n_streams), i;
+	struct sop__stream **v = NULL, **w, *st;
+	size_t k = 0, cap = 0, i, j;
 
 	*n = 0;
-	pthread_mutex_lock(&streams_lock);
-	v = cap ? malloc(cap * sizeof *v) : NULL;
-	for (i = 0; v && i < STREAM_BUCKETS; i++)
-		for (st = streams[i]; st && k < cap; st = st->hash_next)
-			if (st->ctx_id == ctx_id)
+	for (i = 0; i < STREAM_SHARDS; i++) {
+		pthread_mutex_lock(&shards[i].lock);
+		for (j = 0; j < STREAM_BUCKETS; j++) {
+			for (st = shards[i].bucket[j]; st; st = st->hash_next) {
+				/* One no pool's state holds has nothing cached anywhere. */
+				if (st->ctx_id != ctx_id || !atomic_load(&st->refs))
+					continue;
+				if (k == cap) {
+					cap = cap ? 2 * cap : 16;
+					w = realloc(v, cap * sizeof *v);
+					if (!w)
+						continue; /* without host memory, fewer: safe */
+					v = w;
+				}
+				sop__stream_hold(st);
 				v[k++] = st;
-	pthread_mutex_unlock(&streams_lock);
+			}
+		}
+		pthread_mutex_unlock(&shards[i].lock);
+	}
 	*n = k;
 	return v;
+}
+
+/* This thread's cache of stream ids and their devices, direct-mapped: sop_malloc_async needs
+ * the device on every call, and the table's lock would be taken on each. Ids are never reused,
+ * so an entry is never wrong. */
+#define DEV_CACHE_LOG2 5
+
+struct dev_cache {
+	struct {
+		uint64_t id;
+		CUdevice device;
+	} e[1u << DEV_CACHE_LOG2];
+};
+
+static __thread struct dev_cache *dcache __attribute__((tls_model("initial-exec")));
+static pthread_key_t dcache_key;
+static pthread_once_t dcache_once = PTHREAD_ONCE_INIT;
+
+static void
+dcache_key_make(void)
+{
+	pthread_key_create(&dcache_key, free);
+}
+
+static struct dev_cache *
+dcache_get(void)
+{
+	struct dev_cache *c = dcache;
+
+	if (SOP_LIKELY(c != NULL))
+		return c;
+	pthread_once(&dcache_once, dcache_key_make);
+	c = calloc(1, sizeof *c);
+	if (c) {
+		pthread_setspecific(dcache_key, c); /* freed when the thread exits */
+		dcache = c;
+	}
+	return c;
+}
+
+CUresult
+sop__stream_device(CUstream stream, uint64_t id, CUdevice *device)
+{
+	unsigned slot = (unsigned)(id * 0x9E3779B97F4A7C15u >> (64 - DEV_CACHE_LOG2));
+	struct dev_cache *c = dcache_get();
+	struct sop__stream *st;
+	CUresult r;
+
+	if (SOP_LIKELY(c && c->e[slot].id == id)) {
+		*device = c->e[slot].device;
+		return CUDA_SUCCESS;
+	}
+	r = sop__stream_of(stream, id, false, &st);
+	if (r != CUDA_SUCCESS)
+		return r;
+	*device = st->device;
+	if (c) {
+		c->e[slot].id = id;
+		c->e[slot].device = st->device;
+	}
+	return CUDA_SUCCESS;
 }
 
 bool
 sop__streams_interact(void)
 {
-	return atomic_load_explicit(&n_streams, memory_order_relaxed) > 1;
+	return atomic_load_explicit(&n_seen, memory_order_relaxed) > 1;
+}
+
+size_t
+sop__streams_live(void)
+{
+	return atomic_load(&n_streams);
 }
 
 uint64_t
@@ -429,6 +568,19 @@ sop__stream_prove(struct sop__stream *st)
 	return atomic_load(&st->done);
 }
 
+void
+sop__stream_ending(CUstream stream, uint64_t id)
+{
+	unsigned h = stream_hash(id), sh = h % STREAM_SHARDS;
+	struct sop__stream *st;
+
+	pthread_mutex_lock(&shards[sh].lock);
+	st = stream_find_locked(h, id);
+	pthread_mutex_unlock(&shards[sh].lock);
+	if (st && atomic_load(&st->newest) < atomic_load_explicit(&st->last_free, memory_order_relaxed))
+		probe_if_uncovered(st, stream, atomic_load(&st->last_free), true);
+}
+
 /* ---- Dependencies -------------------------------------------------------------------------- */
 
 /* A clock holds up to SOP_DEPS entries and mostly one or two: copy those only. */
@@ -439,29 +591,31 @@ clock_copy(struct sop__clock *to, const struct sop__clock *from)
 	memcpy(to->e, from->e, from->n * sizeof from->e[0]);
 }
 
-/* Add (s, epoch) to a clock of at most SOP_DEPS entries; when it is full the entry with the
+/* Add (st, epoch) to a clock of at most SOP_DEPS entries; when it is full the entry with the
  * oldest epoch goes, which only forgets an opportunity. */
 static void
-deps_add(struct sop__clock *c, struct sop__stream *s, uint64_t epoch)
+deps_add(struct sop__clock *c, uint64_t id, uint64_t gen, uint64_t epoch)
 {
 	unsigned i, victim = 0;
 
 	for (i = 0; i < c->n; i++) {
-		if (c->e[i].s == s) {
+		if (c->e[i].gen == gen) {
 			if (epoch > c->e[i].epoch)
 				c->e[i].epoch = epoch;
 			return;
 		}
 	}
 	if (c->n < SOP_DEPS) {
-		c->e[c->n].s = s;
+		c->e[c->n].id = id;
+		c->e[c->n].gen = gen;
 		c->e[c->n++].epoch = epoch;
 		return;
 	}
 	for (i = 1; i < c->n; i++)
 		if (c->e[i].epoch < c->e[victim].epoch)
 			victim = i;
-	c->e[victim].s = s;
+	c->e[victim].id = id;
+	c->e[victim].gen = gen;
 	c->e[victim].epoch = epoch;
 }
 
@@ -511,7 +665,7 @@ sop__stream_wait_for(struct sop__stream *t, CUstream t_handle, struct sop__strea
 	if (r != CUDA_SUCCESS)
 		return r;
 	pthread_mutex_lock(&t->lock);
-	deps_add(&t->deps, s, covered);
+	deps_add(&t->deps, s->id, s->gen, covered);
 	order_publish(t);
 	pthread_mutex_unlock(&t->lock);
 	return CUDA_SUCCESS;
@@ -519,21 +673,28 @@ sop__stream_wait_for(struct sop__stream *t, CUstream t_handle, struct sop__strea
 
 /* ---- Events --------------------------------------------------------------------------------- */
 
-/* What an event claims, by handle, as last recorded with sop_event_record. */
+/* What an event claims, by handle, as last recorded with sop_event_record. An event destroyed
+ * with the driver's call leaves its entry behind (until an event at the same handle is recorded
+ * through sop), so the table is bounded: past EVENTS_PER_SHARD entries a shard forgets its oldest,
+ * which only loses what a wait on that event would have claimed. */
 struct event_entry {
 	CUevent ev;
+	struct event_entry *next;               /* in its bucket */
+	struct event_entry *older, *newer;      /* in its shard, by when they were made */
 	struct sop__clock clock;
-	struct event_entry *next;
 };
 
 #define EVENT_SHARDS 16
 #define EVENT_BUCKETS 64
+#define EVENTS_PER_SHARD 128
 
 static struct {
 	pthread_mutex_t lock;
 	struct event_entry *bucket[EVENT_BUCKETS];
+	struct event_entry *oldest, *newest;
+	unsigned n;
 } events[EVENT_SHARDS] = {
-#define SOP_EV_INIT {PTHREAD_MUTEX_INITIALIZER, {0}}
+#define SOP_EV_INIT {PTHREAD_MUTEX_INITIALIZER, {0}, NULL, NULL, 0}
 	SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT,
 	SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT,
 	SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT, SOP_EV_INIT,
@@ -548,26 +709,63 @@ event_hash(CUevent ev)
 	return (unsigned)(h >> 40);
 }
 
+static struct event_entry **
+event_bucket(CUevent ev, unsigned *shard)
+{
+	unsigned h = event_hash(ev);
+
+	*shard = h % EVENT_SHARDS;
+	return &events[*shard].bucket[(h / EVENT_SHARDS) % EVENT_BUCKETS];
+}
+
+/* Take e out of its shard and free it. Shard lock held. */
+static void
+event_drop(unsigned shard, struct event_entry *e)
+{
+	struct event_entry **pp;
+	unsigned s2;
+
+	for (pp = event_bucket(e->ev, &s2); *pp != e; pp = &(*pp)->next)
+		;
+	*pp = e->next;
+	if (e->older)
+		e->older->newer = e->newer;
+	else
+		events[shard].oldest = e->newer;
+	if (e->newer)
+		e->newer->older = e->older;
+	else
+		events[shard].newest = e->older;
+	events[shard].n--;
+	free(e);
+}
+
 /* Find (or make, if create) the entry of ev; its shard's lock is held on return. */
 static struct event_entry *
 event_find(CUevent ev, bool create, unsigned *shard)
 {
-	unsigned h = event_hash(ev);
-	struct event_entry *e, **bucket;
+	struct event_entry *e, **bucket = event_bucket(ev, shard);
 
-	*shard = h % EVENT_SHARDS;
 	pthread_mutex_lock(&events[*shard].lock);
-	bucket = &events[*shard].bucket[(h / EVENT_SHARDS) % EVENT_BUCKETS];
 	for (e = *bucket; e; e = e->next)
 		if (e->ev == ev)
 			return e;
 	if (!create)
 		return NULL;
+	if (events[*shard].n >= EVENTS_PER_SHARD)
+		event_drop(*shard, events[*shard].oldest);
 	e = calloc(1, sizeof *e);
 	if (e) {
 		e->ev = ev;
 		e->next = *bucket;
 		*bucket = e;
+		e->older = events[*shard].newest;
+		if (e->older)
+			e->older->newer = e;
+		else
+			events[*shard].oldest = e;
+		events[*shard].newest = e;
+		events[*shard].n++;
 	}
 	return e;
 }
@@ -581,7 +779,7 @@ sop__event_record(CUevent ev, CUstream stream)
 	unsigned shard, i;
 	CUresult r;
 
-	r = sop__stream_lookup(stream, &st);
+	r = sop__stream_lookup(stream, false, &st);
 	if (r == CUDA_ERROR_OUT_OF_MEMORY)
 		return SOP_DRV(cuEventRecord)(ev, stream); /* no host memory: no dependency */
 	if (r != CUDA_SUCCESS)
@@ -596,8 +794,8 @@ sop__event_record(CUevent ev, CUstream stream)
 	 * enqueues at the same moment has no order against this record. */
 	sop__stream_order(st, &clock, &claims);
 	for (i = 0; i < claims.n; i++)
-		deps_add(&clock, claims.e[i].s, claims.e[i].epoch);
-	deps_add(&clock, st, sop__stream_mark(st));
+		deps_add(&clock, claims.e[i].id, claims.e[i].gen, claims.e[i].epoch);
+	deps_add(&clock, st->id, st->gen, sop__stream_mark(st));
 	r = SOP_DRV(cuEventRecord)(ev, stream);
 	e = event_find(ev, r == CUDA_SUCCESS, &shard);
 	if (e) {
@@ -626,19 +824,27 @@ sop__event_clock(CUevent ev, struct sop__clock *out)
 void
 sop__event_forget(CUevent ev)
 {
-	unsigned h = event_hash(ev), shard = h % EVENT_SHARDS;
-	struct event_entry **pp, *e;
+	struct event_entry *e;
+	unsigned shard;
 
-	pthread_mutex_lock(&events[shard].lock);
-	for (pp = &events[shard].bucket[(h / EVENT_SHARDS) % EVENT_BUCKETS]; (e = *pp);
-	     pp = &e->next) {
-		if (e->ev == ev) {
-			*pp = e->next;
-			free(e);
-			break;
-		}
-	}
+	e = event_find(ev, false, &shard);
+	if (e)
+		event_drop(shard, e);
 	pthread_mutex_unlock(&events[shard].lock);
+}
+
+size_t
+sop__events_live(void)
+{
+	size_t n = 0;
+	unsigned i;
+
+	for (i = 0; i < EVENT_SHARDS; i++) {
+		pthread_mutex_lock(&events[i].lock);
+		n += events[i].n;
+		pthread_mutex_unlock(&events[i].lock);
+	}
+	return n;
 }
 
 CUresult
@@ -656,12 +862,12 @@ sop__event_wait(CUstream stream, CUevent ev, unsigned int flags)
 		return r;
 	/* The wait is enqueued: if the event is what sop last saw recorded on it, the stream's
 	 * later work is ordered after the event's clock. A claim, until a probe proves it. */
-	if (sop__stream_lookup(stream, &t) != CUDA_SUCCESS)
+	if (sop__stream_lookup(stream, false, &t) != CUDA_SUCCESS)
 		return r;
 	pthread_mutex_lock(&t->lock);
 	for (i = 0; i < clock.n; i++)
-		if (clock.e[i].s != t)
-			deps_add(&t->claims, clock.e[i].s, clock.e[i].epoch);
+		if (clock.e[i].gen != t->gen)
+			deps_add(&t->claims, clock.e[i].id, clock.e[i].gen, clock.e[i].epoch);
 	order_publish(t);
 	pthread_mutex_unlock(&t->lock);
 	return r;

@@ -66,6 +66,7 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **ou
 		pthread_mutex_init(&pool->lock, &attr);
 		pthread_mutexattr_destroy(&attr);
 	}
+	pool->retire_at = SOP_STATES_MIN;
 	atomic_init(&pool->reuse_follow, 1);
 	atomic_init(&pool->reuse_opportunistic, 1);
 	atomic_init(&pool->reuse_internal, 1);
@@ -141,26 +142,26 @@ fail_host:
 uint64_t
 sop__pool_used(struct sop_pool *pool, bool fold)
 {
-	struct sop__sstream *lists[2] = {pool->streams, pool->spare_streams}, *ss;
-	int64_t used = 0, high = 0;
-	int i;
+	struct sop__sstream *ss;
+	int64_t used = 0, high = pool->retired_hw;
 
-	for (i = 0; i < 2; i++) {
-		for (ss = lists[i]; ss; ss = ss->next) {
-			/* Under the stream's lock, so that its allocations do not move the high
-			 * between the read and the restart. */
-			sop__lock_take(&ss->lock);
-			int64_t u = sop__sstream_used(ss);
-			used += u;
-			/* A cross-stream free may have taken the shard below its high since. */
-			high += ss->used_hw > u ? ss->used_hw : u;
-			if (fold)
-				ss->used_hw = u;
-			sop__lock_drop(&ss->lock);
-		}
+	for (ss = pool->streams; ss; ss = ss->next) {
+		/* Under the stream's lock, so that its allocations do not move the high between
+		 * the read and the restart. */
+		sop__lock_take(&ss->lock);
+		int64_t u = sop__sstream_used(ss);
+		used += u;
+		/* A cross-stream free may have taken the shard below its high since. */
+		high += ss->used_hw > u ? ss->used_hw : u;
+		if (fold)
+			ss->used_hw = u;
+		sop__lock_drop(&ss->lock);
 	}
-	if (fold && (uint64_t)high > pool->used_high)
-		pool->used_high = (uint64_t)high;
+	if (fold) {
+		pool->retired_hw = 0;
+		if ((uint64_t)high > pool->used_high)
+			pool->used_high = (uint64_t)high;
+	}
 	return used > 0 ? (uint64_t)used : 0;
 }
 
@@ -175,6 +176,18 @@ pool_empty(struct sop_pool *pool)
 		if (sop__sstream_cached(ss))
 			return false;
 	return true;
+}
+
+static void
+pool_free(struct sop__retired *r)
+{
+	struct sop_pool *pool = (struct sop_pool *)((char *)r - offsetof(struct sop_pool, retired));
+
+	sop__heap_destroy(pool);
+	sop__sstream_destroy_all(pool);
+	free(pool->access);
+	pthread_mutex_destroy(&pool->lock);
+	free(pool);
 }
 
 bool
@@ -203,25 +216,16 @@ sop__pool_reap(struct sop_pool *pool)
 	 * when it was destroyed); then retired. Threads that found it a moment ago may still be
 	 * reading it, its stream states, descriptors and block map, which the dead flag, checked
 	 * under this lock, keeps them from changing: the host memory is freed once they are done
-	 * (sop__pool_free, from epoch.c). */
+	 * (pool_free, from epoch.c). */
 	sop__registry_remove(pool);
 	sop__handle_drop(pool);
 	SOP_DRV(cuDevicePrimaryCtxRelease)(pool->device);
 	atomic_store(&pool->dead, true);
 	pthread_mutex_unlock(&pool->lock);
-	sop__epoch_retire(pool);
+	sop__epoch_retire(&pool->retired, pool_free, true);
 	return true;
 }
 
-void
-sop__pool_free(struct sop_pool *pool)
-{
-	sop__heap_destroy(pool);
-	sop__sstream_destroy_all(pool);
-	free(pool->access);
-	pthread_mutex_destroy(&pool->lock);
-	free(pool);
-}
 
 void
 sop__pool_destroy(struct sop_pool *pool)
@@ -525,13 +529,32 @@ sync_complete(const struct sync_mark *marks, size_t n, bool retire)
 	sop__epoch_reclaim();
 }
 
+void
+sop__pools_stream_gone(uint64_t id)
+{
+	struct sop_pool **pools;
+	size_t n_pools, i;
+
+	pools = sop__registry_snapshot(&n_pools);
+	for (i = 0; i < n_pools; i++) {
+		struct sop__sstream *ss;
+
+		pthread_mutex_lock(&pools[i]->lock);
+		if (!atomic_load(&pools[i]->dead) && (ss = sop__sstream_find(pools[i], id)))
+			atomic_store_explicit(&ss->gone, true, memory_order_relaxed);
+		pthread_mutex_unlock(&pools[i]->lock);
+	}
+	free(pools);
+}
+
 CUresult
 sop__sync_stream(CUstream stream)
 {
 	struct sync_mark mark;
 	CUresult r;
 
-	r = sop__stream_lookup(stream, &mark.st);
+	/* Held, not pinned, through the driver's synchronization (epoch.c: no pin waits). */
+	r = sop__stream_lookup(stream, true, &mark.st);
 	if (r == CUDA_ERROR_OUT_OF_MEMORY)
 		return SOP_DRV(cuStreamSynchronize)(stream);
 	if (r != CUDA_SUCCESS)
@@ -541,6 +564,7 @@ sop__sync_stream(CUstream stream)
 	r = SOP_DRV(cuStreamSynchronize)(stream);
 	if (r == CUDA_SUCCESS)
 		sync_complete(&mark, 1, false);
+	sop__stream_release(mark.st);
 	return r;
 }
 
@@ -563,17 +587,17 @@ sop__sync_ctx(void)
 	r = SOP_DRV(cuCtxGetId)(ctx, &ctx_id);
 	if (r != CUDA_SUCCESS)
 		return r;
-	all = sop__stream_all(ctx_id, &n);
+	all = sop__stream_all(ctx_id, &n); /* held */
 	marks = n ? calloc(n, sizeof *marks) : NULL;
 	for (i = 0; marks && i < n; i++) {
 		marks[i].st = all[i];
 		marks[i].epoch = sop__stream_mark(all[i]);
 	}
-	if (!marks)
-		n = 0; /* without host memory nothing becomes reusable: safe */
 	r = SOP_DRV(cuCtxSynchronize)();
 	if (r == CUDA_SUCCESS)
-		sync_complete(marks, n, true);
+		sync_complete(marks, marks ? n : 0, true); /* without host memory, nothing: safe */
+	for (i = 0; i < n; i++)
+		sop__stream_release(all[i]);
 	free(marks);
 	free(all);
 	return r;
@@ -595,15 +619,25 @@ sop__sync_event(CUevent event)
 	/* What the event carries is a claim (order.c): the application may have recorded it
 	 * again, or destroyed it and made another at the same handle, without sop. Each stream's
 	 * frees become reusable as far as its probes, recorded before the event, now show them
-	 * complete, which is all of the claim when it is true. */
+	 * complete, which is all of the claim when it is true. A stream whose record is gone has
+	 * nothing cached anywhere. */
 	for (i = 0; i < clock.n; i++) {
-		uint64_t proven = sop__stream_prove(clock.e[i].s);
-		uint64_t upto = proven < clock.e[i].epoch ? proven : clock.e[i].epoch;
+		struct sop__stream *st = sop__stream_find(clock.e[i].id, clock.e[i].gen);
+		uint64_t proven, upto;
+
+		if (!st)
+			continue;
+		proven = sop__stream_prove(st);
+		upto = proven < clock.e[i].epoch ? proven : clock.e[i].epoch;
 		if (upto) {
-			marks[n].st = clock.e[i].s;
+			marks[n].st = st;
 			marks[n++].epoch = upto;
+		} else {
+			sop__stream_release(st);
 		}
 	}
 	sync_complete(marks, n, false);
+	for (i = 0; i < n; i++)
+		sop__stream_release(marks[i].st);
 	return r;
 }

@@ -363,8 +363,8 @@ SOP_API CUresult
 sop_malloc_async(void **ptr, size_t size, CUstream stream)
 {
 	struct sop_pool *pool = NULL, *usable = NULL;
-	struct sop__stream *st;
 	struct sop__pin *pin;
+	CUdevice device;
 	uint64_t id;
 	CUresult r = sop__init();
 	int tries;
@@ -373,16 +373,14 @@ sop_malloc_async(void **ptr, size_t size, CUstream stream)
 		return r;
 	if (!ptr)
 		return CUDA_ERROR_INVALID_VALUE;
-	/* The stream's device, from its record (found by id: a handle the driver gave to a new
-	 * stream, maybe of another device, is a new record). */
 	r = sop__stream_id(stream, &id);
-	if (r == CUDA_SUCCESS)
-		r = sop__stream_of(stream, id, &st);
 	if (r != CUDA_SUCCESS)
 		return r;
 	pin = sop__pin();
-	for (tries = 0; tries < CURRENT_TRIES && !usable; tries++) {
-		r = sop__current_pool(st->device, &pool);
+	/* By id: a handle the driver gave to a new stream, maybe of another device, is new. */
+	r = sop__stream_device(stream, id, &device);
+	for (tries = 0; r == CUDA_SUCCESS && tries < CURRENT_TRIES && !usable; tries++) {
+		r = sop__current_pool(device, &pool);
 		if (r != CUDA_SUCCESS)
 			break;
 		usable = pool_live(pool);
@@ -504,21 +502,29 @@ sop_pointer_get_pool(sop_pool_t *pool, const void *ptr)
 SOP_API CUresult
 sop_event_record(CUevent event, CUstream stream)
 {
+	struct sop__pin *pin;
 	CUresult r = sop__init();
 
 	if (r != CUDA_SUCCESS)
 		return r;
-	return sop__event_record(event, stream);
+	pin = sop__pin(); /* the stream's record stays readable (order.c) */
+	r = sop__event_record(event, stream);
+	sop__unpin(pin);
+	return r;
 }
 
 SOP_API CUresult
 sop_stream_wait_event(CUstream stream, CUevent event, unsigned int flags)
 {
+	struct sop__pin *pin;
 	CUresult r = sop__init();
 
 	if (r != CUDA_SUCCESS)
 		return r;
-	return sop__event_wait(stream, event, flags);
+	pin = sop__pin();
+	r = sop__event_wait(stream, event, flags);
+	sop__unpin(pin);
+	return r;
 }
 
 SOP_API CUresult
@@ -549,6 +555,25 @@ sop_ctx_synchronize(void)
 	if (r != CUDA_SUCCESS)
 		return r;
 	return sop__sync_ctx();
+}
+
+SOP_API CUresult
+sop_stream_destroy(CUstream stream)
+{
+	struct sop__pin *pin;
+	uint64_t id;
+	CUresult r = sop__init();
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	/* The special streams cannot be destroyed: the driver says so. */
+	if (!sop__stream_special(stream) && sop__stream_id(stream, &id) == CUDA_SUCCESS) {
+		pin = sop__pin();
+		sop__stream_ending(stream, id);
+		sop__pools_stream_gone(id);
+		sop__unpin(pin);
+	}
+	return SOP_DRV(cuStreamDestroy)(stream);
 }
 
 SOP_API CUresult

@@ -34,39 +34,33 @@ sop__sstream_find(struct sop_pool *pool, uint64_t id)
 	return NULL;
 }
 
+/* A new state for the stream with this id, holding its record. Pool lock held. */
 static struct sop__sstream *
 sstream_new(struct sop_pool *pool, uint64_t id, struct sop__stream *st)
 {
-	struct sop__sstream *ss = pool->spare_streams;
+	struct sop__sstream *ss;
 
-	if (ss) {
-		pool->spare_streams = ss->next;
-	} else {
-		ss = calloc(1, sizeof *ss);
-		if (!ss)
-			return NULL;
-	}
-	sop__lock_take(&ss->lock);
+	if (pool->n_streams >= pool->retire_at)
+		sop__sstream_retire_idle(pool);
+	ss = calloc(1, sizeof *ss);
+	if (!ss)
+		return NULL;
 	ss->pool = pool;
 	ss->id = id;
 	ss->st = st;
 	ss->active = true; /* about to be used: not for the next retirement pass */
-	/* A recycled state forgets its old stream's epochs (its used-memory shard stays: blocks
-	 * counted there may still be live). */
-	ss->last_seq = 0;
-	ss->flushed = 0;
-	sop__lock_drop(&ss->lock);
 	ss->next = pool->streams;
 	pool->streams = ss;
 	pool->n_streams++;
 	return ss;
 }
 
-/* Thread-local cache of recently used stream states. A stale entry is harmless: users take the
- * state's lock and compare its id with the entry's before trusting it. Entries name their pool
- * by handle, never reused, rather than by address: a pool's object is freed some time after its
- * teardown (epoch.c), and a new pool may get the same memory, where an entry that named the
- * address would hand the new pool the old one's freed stream state.
+/* Thread-local cache of recently used stream states. An entry is followed only while its pool's
+ * states have the generation it was made in: a retirement pass that retires a state moves the
+ * generation on before the state is retired (epoch.c), so no entry made earlier leads to freed
+ * memory; users then take the state's lock and compare its id with the entry's before trusting
+ * it. Entries name their pool by handle, never reused, rather than by address: a pool's object
+ * is freed some time after its teardown (epoch.c), and a new pool may get the same memory.
  *
  * The cache is reached through one initial-exec thread-local pointer: a library's own
  * thread-local arrays would cost a __tls_get_addr call per access, and a few pointers of static
@@ -78,6 +72,7 @@ struct tls_entry {
 	uint64_t pool; /* the pool's handle */
 	CUstream handle;
 	struct sop__stream_ref ref; /* ref.id: the stream the handle named when it was cached */
+	uint64_t gen;               /* the pool's states_gen then */
 };
 
 struct sop__tcache {
@@ -143,18 +138,21 @@ sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id, struct sop__
 	struct sop__sstream *ss;
 	CUresult r;
 
-	r = sop__stream_of(stream, id, &st);
+	r = sop__stream_of(stream, id, true, &st); /* the state will hold it */
 	if (r != CUDA_SUCCESS)
 		return r;
 	pthread_mutex_lock(&pool->lock);
 	if (atomic_load(&pool->dead)) {
 		/* Torn down since the caller found it (epoch.c keeps it readable): no new state. */
 		pthread_mutex_unlock(&pool->lock);
+		sop__stream_release(st);
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 	ss = sop__sstream_find(pool, id);
-	if (!ss)
-		ss = sstream_new(pool, id, st);
+	if (ss)
+		sop__stream_release(st);
+	else if (!(ss = sstream_new(pool, id, st)))
+		sop__stream_release(st);
 	pthread_mutex_unlock(&pool->lock);
 	if (!ss)
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -163,10 +161,29 @@ sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id, struct sop__
 	return CUDA_SUCCESS;
 }
 
+static inline uint64_t
+states_gen(const struct sop_pool *pool)
+{
+	return atomic_load_explicit(&pool->states_gen, memory_order_acquire);
+}
+
 static inline bool
 tls_match(const struct tls_entry *e, struct sop_pool *pool, CUstream stream, uint64_t id)
 {
-	return e->ref.id == id && e->handle == stream && e->pool == pool->handle && e->ref.ss;
+	return e->ref.id == id && e->handle == stream && e->pool == pool->handle && e->ref.ss &&
+	       e->gen == states_gen(pool);
+}
+
+/* The stream of a state is known to be gone: a retirement pass may take it as soon as nothing
+ * is cached or allocated on it, and frees stop trusting the thread caches that name it. The
+ * state may be retired already (ref.id no longer its id): then nothing to do. Pinned. */
+static void
+sstream_gone(struct sop__stream_ref ref)
+{
+	sop__lock_take(&ref.ss->lock);
+	if (ref.ss->id == ref.id)
+		atomic_store_explicit(&ref.ss->gone, true, memory_order_relaxed);
+	sop__lock_drop(&ref.ss->lock);
 }
 
 /* The rest of sstream_get: other ways of the set, then the pool's list. The new entry takes the
@@ -176,6 +193,7 @@ sstream_get_slow(struct sop_pool *pool, CUstream stream, uint64_t id, struct tls
 		 struct sop__stream_ref *out)
 {
 	struct tls_entry hit;
+	uint64_t gen;
 	CUresult r;
 	int w;
 
@@ -188,16 +206,27 @@ sstream_get_slow(struct sop_pool *pool, CUstream stream, uint64_t id, struct tls
 			return CUDA_SUCCESS;
 		}
 	}
+	/* The generation first: a state retired after it was read, while this call is pinned,
+	 * is freed only once the call returns. */
+	gen = states_gen(pool);
 	r = sstream_lookup(pool, stream, id, out);
 	if (r != CUDA_SUCCESS)
 		return r;
-	for (w = 0; w < TLS_ASSOC - 1; w++)
-		if (set[w].pool == pool->handle && set[w].handle == stream)
+	for (w = 0; w < TLS_ASSOC - 1; w++) {
+		if (set[w].pool == pool->handle && set[w].handle == stream) {
+			/* The handle named another stream when this entry was made: that stream
+			 * is gone (the driver gives a handle to one live stream at a time). */
+			if (!sop__stream_special(stream) && set[w].ref.id != id && set[w].ref.ss &&
+			    set[w].gen == gen)
+				sstream_gone(set[w].ref);
 			break;
+		}
+	}
 	memmove(&set[1], &set[0], (size_t)w * sizeof *set);
 	set[0].pool = pool->handle;
 	set[0].handle = stream;
 	set[0].ref = *out;
+	set[0].gen = gen;
 	return CUDA_SUCCESS;
 }
 
@@ -234,7 +263,9 @@ sstream_get_free(struct sop_pool *pool, CUstream stream, const struct sop__block
 	if (SOP_LIKELY(c != NULL) && !sop__stream_special(stream)) {
 		struct tls_entry *e = &tls_set(c, pool, stream, 0)[0];
 		if (e->handle == stream && e->pool == pool->handle && e->ref.ss &&
-		    e->ref.ss == __atomic_load_n(&b->alloc_ss, __ATOMIC_RELAXED)) {
+		    e->gen == states_gen(pool) &&
+		    e->ref.ss == __atomic_load_n(&b->alloc_ss, __ATOMIC_RELAXED) &&
+		    !atomic_load_explicit(&e->ref.ss->gone, memory_order_relaxed)) {
 			*out = e->ref;
 			*checked = false;
 			return CUDA_SUCCESS;
@@ -307,16 +338,44 @@ sop__sstream_flush(struct sop__sstream *ss, uint64_t epoch)
 	return moved;
 }
 
+static void
+sstream_free(struct sop__retired *r)
+{
+	free((char *)r - offsetof(struct sop__sstream, retired));
+}
+
 void
 sop__sstream_retire_idle(struct sop_pool *pool)
 {
-	struct sop__sstream **pp = &pool->streams, *ss;
+	struct sop__sstream **pp = &pool->streams, *ss, *retired = NULL;
+	struct sop__segment *seg;
 
 	while ((ss = *pp)) {
+		bool gone = atomic_load_explicit(&ss->gone, memory_order_relaxed), idle, cached;
+
 		sop__lock_take(&ss->lock);
-		/* Only a state idle since the last pass goes: one in use would be looked up
-		 * again at once, and threads would chase it. */
-		if (ss->cache.n_blocks || ss->active) {
+		idle = !ss->active;
+		cached = ss->cache.n_blocks != 0;
+		sop__lock_drop(&ss->lock);
+		/* What an idle stream holds, as far as its probes show its frees complete, goes to
+		 * the heap: a stream that was destroyed without sop knowing (busy, or with frees the
+		 * program never synchronized) would otherwise keep it until the context is
+		 * synchronized. A stream known to be gone can never reuse it itself, whatever the
+		 * policies; an idle live one gives it up only with the opportunistic policy. */
+		if (cached && (gone || (idle && atomic_load(&pool->reuse_opportunistic)))) {
+			uint64_t done = sop__stream_poll(ss->st);
+			if (done > ss->flushed) {
+				sop__sstream_flush(ss, done);
+				ss->flushed = done;
+			}
+		}
+		sop__lock_take(&ss->lock);
+		/* Only a state with nothing cached, nothing allocated on it (a live block names it
+		 * for its used memory) and idle since the last pass goes, or sooner once its
+		 * stream is known to be gone: one in use would be looked up again at once, and
+		 * threads would chase it. */
+		if (ss->cache.n_blocks || sop__sstream_used(ss) ||
+		    (ss->active && !gone)) {
 			ss->active = false;
 			sop__lock_drop(&ss->lock);
 			pp = &ss->next;
@@ -324,12 +383,35 @@ sop__sstream_retire_idle(struct sop_pool *pool)
 		}
 		ss->id = 0;
 		sop__spares_return(pool, ss);
+		/* Its high since the last fold, for USED_MEM_HIGH (sop__pool_used). */
+		pool->retired_hw += ss->used_hw;
 		sop__lock_drop(&ss->lock);
 		*pp = ss->next;
 		pool->n_streams--;
-		ss->next = pool->spare_streams;
-		pool->spare_streams = ss;
+		ss->next = retired;
+		retired = ss;
 	}
+	if (retired) {
+		/* What compares states without following them must not take a new state at the
+		 * same address for a retired one. */
+		for (seg = pool->segments; seg; seg = seg->next)
+			for (ss = retired; ss; ss = ss->next)
+				if (seg->home == ss)
+					seg->home = NULL;
+		/* Then no thread cache entry made before leads to them (tls_match). */
+		atomic_fetch_add_explicit(&pool->states_gen, 1, memory_order_release);
+	}
+	while ((ss = retired)) {
+		retired = ss->next;
+		{
+			struct sop__sstream *expect = ss;
+			atomic_compare_exchange_strong(&pool->heap_user, &expect, NULL);
+		}
+		sop__stream_release(ss->st);
+		sop__epoch_retire(&ss->retired, sstream_free, false);
+	}
+	pool->retire_at = 2 * pool->n_streams > SOP_STATES_MIN ? 2 * pool->n_streams
+							       : SOP_STATES_MIN;
 }
 
 void
@@ -339,10 +421,7 @@ sop__sstream_destroy_all(struct sop_pool *pool)
 
 	while ((ss = pool->streams)) {
 		pool->streams = ss->next;
-		free(ss);
-	}
-	while ((ss = pool->spare_streams)) {
-		pool->spare_streams = ss->next;
+		sop__stream_release(ss->st);
 		free(ss);
 	}
 	pool->n_streams = 0;
@@ -509,7 +588,7 @@ clock_epoch(const struct sop__clock *c, const struct sop__stream *s)
 	unsigned i;
 
 	for (i = 0; i < c->n; i++)
-		if (c->e[i].s == s)
+		if (c->e[i].gen == s->gen)
 			return c->e[i].epoch;
 	return 0;
 }

@@ -1,14 +1,24 @@
-/* churn.c - pools made and destroyed by the thousand, as a server that makes a pool per job or
- * per tenant does. sop's host memory must stay within a bound whatever the count: a torn-down
- * pool's object, stream states, descriptors and block map are freed once no call can be reading
- * them (epoch.c), and the handle table keeps a slot per pool alive at one time. And a handle
- * kept past its pool's destruction must be refused by every call that takes a pool, whether
- * the pool is destroyed with allocations still live, torn down, freed, or its slot names a new
- * pool: CUDA_ERROR_INVALID_VALUE, out-parameters untouched, the new pool untouched.
+/* churn.c - pools, streams, events and threads made and let go by the thousand, as a server
+ * that runs for months does (a pool per tenant, a stream per request, an event per handoff, a
+ * thread per task). sop's host memory must stay within a bound whatever the count:
+ *  - a torn-down pool's object, stream states, descriptors and block map are freed once no call
+ *    can be reading them (epoch.c), and the handle table keeps a slot per pool alive at one
+ *    time; a handle kept past its pool's destruction must be refused by every call that takes
+ *    a pool, whether the pool is destroyed with allocations still live, torn down, freed, or
+ *    its slot names a new pool: CUDA_ERROR_INVALID_VALUE, out-parameters untouched, the new pool
+ *    untouched;
+ *  - a pool keeps states for the streams used lately and those holding memory (stream.c), and
+ *    the process records for streams held or used lately (order.c), whether the driver hands
+ *    out a destroyed stream's handle again (as it does) or a fresh one, and whether the program
+ *    synchronizes a stream before destroying it or destroys it busy with sop_stream_destroy;
+ *  - the claims of events destroyed behind sop's back are forgotten past a fixed number;
+ *  - a thread's caches go with it.
+ * Everything at once, from several threads, last.
  *
- * test-churn [pools] [threads]: pools per phase (default 20000; a tenth under the sanitizers,
+ * test-churn [count] [threads]: pools per phase (default 20000; a tenth under the sanitizers,
  * whose allocators also keep freed memory on purpose, so that the resident-memory bound is
- * checked only without them), threads of the threaded phase (default 4). */
+ * checked only without them; streams, events and threads scale with it), threads of the
+ * threaded phases (default 4). */
 #include <pthread.h>
 #include <string.h>
 #include <unistd.h>
@@ -366,6 +376,198 @@ many_threads(int n, int threads)
 	TH_EQ(sop__epoch_retired(), 0);
 }
 
+/* ---- Streams, events and threads ---------------------------------------------------------- */
+
+/* A request on a stream of its own: a few allocations of 1 B .. 1 MiB, written, freed, then the
+ * stream destroyed: synchronized first and destroyed with the driver's call, or destroyed busy
+ * through sop. */
+static void
+request(sop_pool_t pool, uint64_t *rng, bool busy)
+{
+	CUstream s = th_stream();
+	void *p[8];
+	int k;
+
+	for (k = 0; k < 8; k++) {
+		size_t bytes;
+		*rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+		bytes = 1 + (size_t)(*rng >> 44) % MiB;
+		TH_OK(sop_malloc_from_pool_async(&p[k], bytes, pool, s));
+		TH_OK(th.cuMemsetD32Async((CUdeviceptr)(uintptr_t)p[k], (unsigned)k, bytes / 4, s));
+	}
+	for (k = 0; k < 8; k++)
+		TH_OK(sop_free_async(p[k], s));
+	if (busy) {
+		TH_OK(sop_stream_destroy(s));
+	} else {
+		TH_OK(sop_stream_synchronize(s));
+		th_stream_destroy(s);
+	}
+}
+
+/* What sop keeps for streams stays bounded: the pool's states, the process's records, and the
+ * memory the pool reserves (streams destroyed busy give theirs back once their work is done). */
+static void
+streams(int n, bool recycle)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	size_t before, after, most_states = 0, most_records = 0;
+	cuuint64_t keep = UINT64_MAX;
+	uint64_t rng = 7;
+	int i;
+
+	if (th.sim_handles_recycle)
+		th.sim_handles_recycle(recycle);
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	for (i = 0; i < n / 10; i++)
+		request(pool, &rng, i % 2);
+	before = rss();
+	for (i = 0; i < n; i++) {
+		request(pool, &rng, i % 2);
+		if (TH_POOL(pool)->n_streams > most_states)
+			most_states = TH_POOL(pool)->n_streams;
+		if (sop__streams_live() > most_records)
+			most_records = sop__streams_live();
+	}
+	after = rss();
+	printf("churn: %d streams (%s handles), at most %zu states and %zu records, reserved %llu "
+	       "MiB, resident %zu KiB -> %zu KiB\n",
+	       n, recycle ? "recycled" : "fresh", most_states, most_records,
+	       (unsigned long long)(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) / MiB),
+	       before / KiB, after / KiB);
+	/* A pass when the states double past SOP_STATES_MIN; records likewise past 256 (some
+	 * states and records of the busy streams wait for their work). */
+	TH_ASSERT(most_states <= 4 * SOP_STATES_MIN);
+	TH_ASSERT(most_records <= 1024);
+	/* The live peak is 8 MiB: a growth step and then some, never a request's worth of memory
+	 * per stream destroyed. */
+	TH_ASSERT(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) <= 128 * MiB);
+	TH_ASSERT(SANITIZED || after <= before + RSS_SLACK);
+	TH_OK(sop_ctx_synchronize());
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+	if (th.sim_handles_recycle)
+		th.sim_handles_recycle(1);
+}
+
+/* An event per handoff, recorded through sop, waited on, and destroyed with the driver's call:
+ * sop's table of what events claim stays bounded. */
+static void
+events(int n)
+{
+	CUstream a = th_stream(), b = th_stream();
+	size_t before = 0, after;
+	int i, round;
+
+	for (round = 0; round < 2; round++) {
+		if (round)
+			before = rss();
+		for (i = 0; i < n; i++) {
+			CUevent ev;
+			TH_OK(th.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+			TH_OK(sop_event_record(ev, a));
+			TH_OK(sop_stream_wait_event(b, ev, 0));
+			if (i % 2)
+				TH_OK(th.cuEventDestroy(ev));
+			else
+				TH_OK(sop_event_destroy(ev));
+		}
+	}
+	after = rss();
+	printf("churn: %d events, %zu claims kept, resident %zu KiB -> %zu KiB\n", 2 * n,
+	       sop__events_live(), before / KiB, after / KiB);
+	TH_ASSERT(sop__events_live() <= 2048);
+	TH_ASSERT(SANITIZED || after <= before + RSS_SLACK);
+	TH_OK(sop_stream_synchronize(a));
+	TH_OK(sop_stream_synchronize(b));
+	th_stream_destroy(a);
+	th_stream_destroy(b);
+}
+
+struct task {
+	CUcontext ctx;
+	sop_pool_t pool;
+	uint64_t rng;
+	int requests;
+	bool pools; /* also make and destroy a pool per request */
+};
+
+/* A thread per task: a few requests, then the thread exits. */
+static void *
+task_fn(void *arg)
+{
+	struct task *t = arg;
+	int i;
+
+	TH_OK(th.cuCtxSetCurrent(t->ctx));
+	for (i = 0; i < t->requests; i++) {
+		if (t->pools) {
+			sop_pool_t own = th_pool(0, 0);
+			request(own, &t->rng, i % 2);
+			TH_OK(sop_ctx_synchronize());
+			TH_OK(sop_pool_destroy(own));
+		}
+		request(t->pool, &t->rng, i % 2);
+		if (t->pools) {
+			CUstream s = th_stream();
+			CUevent ev;
+			TH_OK(th.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+			TH_OK(sop_event_record(ev, s));
+			TH_OK(sop_stream_wait_event(s, ev, 0));
+			TH_OK(th.cuEventDestroy(ev));
+			TH_OK(sop_stream_destroy(s));
+		}
+	}
+	return NULL;
+}
+
+/* Threads that come and go, in waves of `threads`, each a few requests long; with mixed, each
+ * also makes a pool and an event per request. */
+static void
+threads_come_and_go(int n, int threads, bool mixed)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	struct task tasks[16];
+	pthread_t t[16];
+	size_t before = 0, after;
+	CUcontext ctx;
+	int wave, k, waves = n / threads;
+
+	TH_OK(sop__drv.cuCtxGetCurrent(&ctx));
+	for (wave = 0; wave < waves; wave++) {
+		if (wave == waves / 10) {
+			/* Device memory is host memory on the simulated driver: not counted. */
+			TH_OK(sop_ctx_synchronize());
+			TH_OK(sop_trim_to(pool, 0));
+			before = rss();
+		}
+		for (k = 0; k < threads; k++) {
+			tasks[k] = (struct task){ctx, pool, (uint64_t)(wave * 16 + k + 1), mixed ? 2 : 4,
+						 mixed};
+			TH_ASSERT(pthread_create(&t[k], NULL, task_fn, &tasks[k]) == 0);
+		}
+		for (k = 0; k < threads; k++)
+			TH_ASSERT(pthread_join(t[k], NULL) == 0);
+		sop__epoch_reclaim();
+	}
+	TH_OK(sop_ctx_synchronize());
+	TH_OK(sop_trim_to(pool, 0));
+	after = rss();
+	printf("churn: %d threads%s, %zu states, %zu records, reserved %llu MiB (high %llu), "
+	       "resident %zu KiB -> %zu KiB\n",
+	       waves * threads, mixed ? " with pools, streams and events" : "",
+	       TH_POOL(pool)->n_streams, sop__streams_live(),
+	       (unsigned long long)(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) / MiB),
+	       (unsigned long long)(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) / MiB),
+	       before / KiB, after / KiB);
+	TH_ASSERT(TH_POOL(pool)->n_streams <= 4 * SOP_STATES_MIN);
+	TH_ASSERT(sop__streams_live() <= 1024);
+	TH_ASSERT(SANITIZED || after <= before + RSS_SLACK_THREADS);
+	TH_OK(sop_ctx_synchronize());
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+}
+
 int
 main(int argc, char **argv)
 {
@@ -380,6 +582,12 @@ main(int argc, char **argv)
 	one_thread(n, s);
 	many_threads(n, threads);
 	stale_handles(s);
+	streams(n / 4, true);
+	if (th.sim_handles_recycle)
+		streams(n / 4, false);
+	events(n);
+	threads_come_and_go(n / 20, threads, false);
+	threads_come_and_go(n / 40, threads, true);
 	th_stream_destroy(s);
 	printf("churn: ok\n");
 	return 0;

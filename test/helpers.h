@@ -86,6 +86,7 @@ struct th_driver {
 	__typeof__(sim_fail_clear) *sim_fail_clear;
 	__typeof__(sim_calls) *sim_calls;
 	__typeof__(sim_live_get) *sim_live_get;
+	__typeof__(sim_handles_recycle) *sim_handles_recycle;
 };
 
 extern struct th_driver th;
