@@ -1437,6 +1437,22 @@ sop__heap_grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size,
 	return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+void
+sop__segments_disown(struct sop_pool *pool, const struct sop__sstream *ss, size_t used)
+{
+	struct sop__segment *seg;
+	size_t mapped = 0;
+
+	for (seg = pool->segments; seg; seg = seg->next)
+		if (seg->home == ss)
+			mapped += seg->mapped;
+	if (used >= mapped / 2)
+		return;
+	for (seg = pool->segments; seg; seg = seg->next)
+		if (seg->home == ss)
+			seg->home = NULL;
+}
+
 /* ---- Release ---------------------------------------------------------------------------- */
 
 /* A piece that one FREE block covers whole. */

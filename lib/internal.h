@@ -479,9 +479,10 @@ struct sop__segment {
 	size_t n_pieces, cap_pieces;
 	struct sop__block *first;
 	/* The stream whose memory it holds, compared only: the stream whose growth made it, or
-	 * the first to take memory from it once it was empty again. The slow path serves a
-	 * stream from its own segments first, and its growth with nothing to join goes there,
-	 * so that streams on different threads split and merge under different segment locks.
+	 * the first to take memory from it once it was nobody's again (all free, or given up by
+	 * its stream at a synchronization: sop__segments_disown). The slow path serves a stream
+	 * from its own segments first, and its growth with nothing to join goes there, so that
+	 * streams on different threads split and merge under different segment locks.
 	 * Pool lock. */
 	const struct sop__sstream *home;
 	struct sop__segment *prev, *next; /* address order */
@@ -558,6 +559,10 @@ struct sop__block *sop__heap_put(struct sop_pool *pool, struct sop__block *b);
  * reservation or the device is exhausted. */
 CUresult sop__heap_grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size,
 			struct sop__block **out, struct sop__sstream **from);
+/* Make the segments whose home is ss nobody's, if used (ss's live bytes) is less than half of
+ * what they map (0: always): the rest is free memory that only ss would take while they are its.
+ * Pool lock held. */
+void sop__segments_disown(struct sop_pool *pool, const struct sop__sstream *ss, size_t used);
 /* Release pieces that FREE blocks cover whole, largest first, while reserved > target and the
  * release keeps reserved >= floor. Pool lock held. Stops at the first driver error and returns it. */
 CUresult sop__heap_release(struct sop_pool *pool, size_t target, size_t floor);

@@ -491,6 +491,26 @@ struct sync_mark {
 	uint64_t epoch;
 };
 
+/* A stream left with nothing cached by a synchronization, its live blocks filling less than half
+ * of its segments, gives them up (sop__segments_disown). A worker that freed everything (or
+ * all but a few blocks), synchronized its stream and destroyed it would otherwise keep them
+ * while other streams' blocks lie there too, and every other stream would grow rather than
+ * use their free memory (heap_pick): until the last of those blocks came back, or a context
+ * synchronization retired its state. Pool lock held. */
+static void
+sstream_disown_if_idle(struct sop_pool *pool, struct sop__sstream *ss)
+{
+	int64_t used;
+	bool cached;
+
+	sop__lock_take(&ss->lock);
+	cached = ss->cache.n_blocks != 0;
+	used = sop__sstream_used(ss);
+	sop__lock_drop(&ss->lock);
+	if (!cached)
+		sop__segments_disown(pool, ss, used > 0 ? (size_t)used : 0);
+}
+
 static void
 sync_complete(const struct sync_mark *marks, size_t n, bool retire)
 {
@@ -515,8 +535,10 @@ sync_complete(const struct sync_mark *marks, size_t n, bool retire)
 		}
 		for (ss = pool->streams; ss; ss = ss->next)
 			for (k = 0; k < n; k++)
-				if (ss->st == marks[k].st)
+				if (ss->st == marks[k].st) {
 					sop__sstream_flush(ss, marks[k].epoch);
+					sstream_disown_if_idle(pool, ss);
+				}
 		if (retire && pool->n_streams > 16)
 			sop__sstream_retire_idle(pool);
 		atomic_store(&pool->pressure, false);
@@ -540,8 +562,10 @@ sop__pools_stream_gone(uint64_t id)
 		struct sop__sstream *ss;
 
 		pthread_mutex_lock(&pools[i]->lock);
-		if (!atomic_load(&pools[i]->dead) && (ss = sop__sstream_find(pools[i], id)))
+		if (!atomic_load(&pools[i]->dead) && (ss = sop__sstream_find(pools[i], id))) {
 			atomic_store_explicit(&ss->gone, true, memory_order_relaxed);
+			sop__segments_disown(pools[i], ss, 0);
+		}
 		pthread_mutex_unlock(&pools[i]->lock);
 	}
 	free(pools);

@@ -3,7 +3,11 @@
  * and a stream splits its own memory only when the heap holds no tighter fit. The stream is kept
  * busy behind a gate for these, so that no free completes and every answer comes from these
  * rules alone. Last, segment affinity: which segment a second stream's memory comes from, before
- * and after threads have met in the pool. */
+ * and after threads have met in the pool, and that a stream's own memory comes before growth,
+ * that its small requests stay off the pool lock, and that a stream done with the pool leaves
+ * its segments to the others. */
+#include <unistd.h>
+
 #include "helpers.h"
 
 #define KiB ((size_t)1 << 10)
@@ -156,9 +160,10 @@ segment_of(sop_pool_t pool, void *addr)
 
 /* Segment affinity. In a pool used from one thread, a second stream's small request takes the
  * free memory left in the first stream's segment. Once threads have met on a segment lock (the
- * flag a waiting thread sets, set here by hand), it grows a segment of its own instead; and a
- * segment whose memory is all free again is nobody's, and the next stream to take memory from
- * it makes it its own. */
+ * flag a waiting thread sets, set here by hand), it grows a segment of its own instead, as long
+ * as the pool stays within twice its live memory (with 1 MiB live in a 32 MiB segment it shares
+ * instead); and a segment whose memory is all free again is nobody's, and the next stream to
+ * take memory from it makes it its own. */
 static void
 affinity(CUstream s1, CUstream s2)
 {
@@ -167,17 +172,19 @@ affinity(CUstream s1, CUstream s2)
 	void *a, *b;
 	int met;
 
-	for (met = 0; met < 2; met++) {
+	for (met = 0; met < 3; met++) {
+		size_t a_size = met == 1 ? 20 * MiB : MiB;
+
 		pool = th_pool(0, 0);
 		TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
-		TH_OK(sop_malloc_from_pool_async(&a, MiB, pool, s1));
+		TH_OK(sop_malloc_from_pool_async(&a, a_size, pool, s1));
 		TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 32 * MiB);
 		TH_ASSERT(segment_of(pool, a)->home != NULL);
-		atomic_store(&TH_POOL(pool)->threads_met, met);
+		atomic_store(&TH_POOL(pool)->threads_met, met != 0);
 		TH_OK(sop_malloc_from_pool_async(&b, MiB, pool, s2));
-		if (!met) {
-			/* Best fit alone: the rest of s1's segment, right after a. */
-			TH_EQ((char *)b - (char *)a, (long)MiB);
+		if (met != 1) {
+			/* Best fit: the rest of s1's segment, right after a. */
+			TH_EQ((char *)b - (char *)a, (long)a_size);
 			TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 32 * MiB);
 		} else {
 			/* A segment of s2's own: another step, elsewhere. */
@@ -191,7 +198,7 @@ affinity(CUstream s1, CUstream s2)
 		TH_OK(sop_stream_synchronize(s1));
 		TH_OK(sop_stream_synchronize(s2));
 		TH_CHECK(pool);
-		if (met) {
+		if (met == 1) {
 			/* Both segments are all free again: nobody's. s2 takes from the one that
 			 * was s1's and makes it its own. */
 			struct sop__segment *seg = segment_of(pool, a);
@@ -204,6 +211,175 @@ affinity(CUstream s1, CUstream s2)
 		}
 		TH_OK(sop_pool_destroy(pool));
 	}
+}
+
+/* Threads have met in the pool. s2's segment is one 64 MiB block, which s2 has freed and which
+ * stays pending on s2 behind a gate; s1's segment holds a, a 64 KiB hole that sop_free made the
+ * heap's, a guard g, and 31 MiB of free memory after it. */
+static void
+crowd_setup(sop_pool_t pool, CUstream s1, CUstream s2, struct th_gate *gate, void **a, void **g,
+	    void **big)
+{
+	cuuint64_t keep = UINT64_MAX;
+	void *p;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	atomic_store(&TH_POOL(pool)->threads_met, true);
+	TH_OK(sop_malloc_from_pool_async(big, 64 * MiB, pool, s2));
+	TH_OK(sop_malloc_from_pool_async(a, 1 * MiB - 68 * KiB, pool, s1));
+	TH_OK(sop_malloc_from_pool_async(&p, 64 * KiB, pool, s1));
+	TH_OK(sop_malloc_from_pool_async(g, 4 * KiB, pool, s1));
+	TH_OK(sop_free(p));
+	TH_ASSERT(segment_of(pool, *big) != segment_of(pool, *a));
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 96 * MiB);
+	th_gate_init(gate);
+	th_gate_block(gate, s2);
+}
+
+static void
+crowd_teardown(sop_pool_t pool, CUstream s1, CUstream s2, struct th_gate *gate, void *a, void *g)
+{
+	th_gate_open(gate);
+	TH_OK(sop_free_async(a, s1));
+	TH_OK(sop_free_async(g, s1));
+	TH_OK(sop_stream_synchronize(s1));
+	TH_OK(sop_stream_synchronize(s2));
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+}
+
+/* The stream's memory comes first (crowd_setup): a request on s2 that fits its large cached
+ * block splits it, by the hot path (below POLL_MIN) or by the slow path (2 MiB and more, where
+ * the heap's tighter fit in s1's segment counts), and the pool does not grow. It grew a step
+ * for each such request when the heap's fit was the tighter (crowded: grow rather than share
+ * a segment), and what the request took from the new step came back to the cache when freed,
+ * so that the next one grew again: two threads on their own streams, 300 MiB live, reserved
+ * 5-14 GiB after a second. */
+static void
+crowded_own_first(CUstream s1)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	CUstream s2 = th_stream();
+	struct th_gate gate;
+	void *a, *g, *big, *q[8];
+	int i;
+
+	crowd_setup(pool, s1, s2, &gate, &a, &g, &big);
+	TH_OK(sop_free_async(big, s2));
+	for (i = 0; i < 8; i++) {
+		size_t n = i % 2 ? 4 * MiB : 64 * KiB;
+		TH_OK(sop_malloc_from_pool_async(&q[i], n, pool, s2));
+		TH_ASSERT((char *)q[i] >= (char *)big &&
+			  (char *)q[i] + n <= (char *)big + 64 * MiB);
+		TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 96 * MiB);
+		TH_CHECK(pool);
+	}
+	for (i = 0; i < 8; i++)
+		TH_OK(sop_free_async(q[i], s2));
+	crowd_teardown(pool, s1, s2, &gate, a, g);
+	th_stream_destroy(s2);
+}
+
+struct hot_alloc {
+	sop_pool_t pool;
+	CUstream s;
+	void *big, *p;
+	atomic_int phase; /* 1: big freed, 2: go, 3: allocated */
+};
+
+static void *
+hot_alloc_main(void *arg)
+{
+	struct hot_alloc *h = arg;
+
+	/* The free makes the thread's cache know the stream, as a worker's would. */
+	TH_OK(sop_free_async(h->big, h->s));
+	atomic_store(&h->phase, 1);
+	while (atomic_load(&h->phase) != 2)
+		usleep(100);
+	TH_OK(sop_malloc_from_pool_async(&h->p, 64 * KiB, h->pool, h->s));
+	atomic_store(&h->phase, 3);
+	return NULL;
+}
+
+/* Once threads have met, a small request that fits in its stream's cache takes no pool lock,
+ * whatever smaller blocks the heap holds in other streams' segments (crowd_setup): the slow
+ * path could only take the cache's fit after all, and one allocation in fifty of threads on
+ * their own streams queued on the pool lock for it. Here the test holds the pool lock while
+ * another thread's request runs. */
+static void
+hot_stays_off_pool_lock(CUstream s1)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	struct hot_alloc h = {.pool = pool, .s = th_stream()};
+	struct th_gate gate;
+	void *a, *g;
+	pthread_t t;
+	int waited;
+
+	crowd_setup(pool, s1, h.s, &gate, &a, &g, &h.big);
+	TH_ASSERT(pthread_create(&t, NULL, hot_alloc_main, &h) == 0);
+	while (atomic_load(&h.phase) != 1)
+		usleep(100);
+	pthread_mutex_lock(&TH_POOL(pool)->lock);
+	atomic_store(&h.phase, 2);
+	for (waited = 0; waited < 5000 && atomic_load(&h.phase) != 3; waited++)
+		usleep(1000);
+	pthread_mutex_unlock(&TH_POOL(pool)->lock);
+	pthread_join(t, NULL);
+	TH_ASSERT(waited < 5000);
+	TH_ASSERT((char *)h.p >= (char *)h.big && (char *)h.p < (char *)h.big + 64 * MiB);
+	TH_OK(sop_free_async(h.p, h.s));
+	crowd_teardown(pool, s1, h.s, &gate, a, g);
+	th_stream_destroy(h.s);
+}
+
+/* A stream that synchronized with nothing cached, its live blocks filling less than half of its
+ * segments (a worker that freed all but a few blocks, synchronized its stream and destroyed
+ * it), gives up its segment, though another stream's block lies there too: a third stream
+ * takes the free memory there rather than growing a segment of its own, which it did for as
+ * long as the segment stayed the departed stream's (until its last block came back, or a
+ * context synchronization retired its state). A stream whose live blocks fill more keeps it. */
+static void
+idle_disowns(CUstream s1, CUstream s2)
+{
+	cuuint64_t keep = UINT64_MAX;
+	sop_pool_t pool = th_pool(0, 0);
+	CUstream s3 = th_stream();
+	void *a, *k, *b, *c, *d;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	TH_OK(sop_malloc_from_pool_async(&a, 20 * MiB, pool, s1));
+	TH_OK(sop_malloc_from_pool_async(&k, 64 * KiB, pool, s1)); /* left allocated */
+	TH_OK(sop_malloc_from_pool_async(&b, MiB, pool, s2)); /* best fit alone: s1's segment */
+	TH_ASSERT(segment_of(pool, b) == segment_of(pool, a));
+	atomic_store(&TH_POOL(pool)->threads_met, true);
+	/* 20 MiB of 32 live at the synchronization: s1 keeps its segment. */
+	TH_OK(sop_stream_synchronize(s1));
+	TH_ASSERT(segment_of(pool, a)->home != NULL);
+	TH_OK(sop_free_async(a, s1));
+	TH_OK(sop_stream_synchronize(s1));
+	TH_ASSERT(segment_of(pool, a)->home == NULL);
+	TH_OK(sop_malloc_from_pool_async(&c, MiB, pool, s3));
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 32 * MiB);
+	TH_ASSERT(segment_of(pool, c) == segment_of(pool, a));
+	TH_ASSERT(segment_of(pool, c)->home != NULL);
+	/* Now s3's: s1, back for more, would grow a segment of its own, but with 2 MiB live in
+	 * 32 reserved it shares s3's (affinity_affordable, stream.c). */
+	TH_OK(sop_malloc_from_pool_async(&d, MiB, pool, s1));
+	TH_ASSERT(segment_of(pool, d) == segment_of(pool, a));
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 32 * MiB);
+	TH_CHECK(pool);
+	TH_OK(sop_free_async(k, s1));
+	TH_OK(sop_free_async(d, s1));
+	TH_OK(sop_free_async(b, s2));
+	TH_OK(sop_free_async(c, s3));
+	TH_OK(sop_stream_synchronize(s1));
+	TH_OK(sop_stream_synchronize(s2));
+	TH_OK(sop_stream_synchronize(s3));
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+	th_stream_destroy(s3);
 }
 
 /* The block starting at p: its state and size. */
@@ -304,6 +480,9 @@ main(void)
 	{
 		CUstream s2 = th_stream();
 		affinity(s, s2);
+		crowded_own_first(s);
+		hot_stays_off_pool_lock(s);
+		idle_disowns(s, s2);
 		reclaim(s, s2);
 		th_stream_destroy(s2);
 	}
