@@ -65,7 +65,9 @@ static const struct workload workloads[] = {
     {"batch", "k allocations then k frees, one stream", wl_batch},
     {"random", "RMM random_allocations: 73% allocations, uniform sizes, capped live bytes",
      wl_random},
-    {"threads", "host threads, one stream each, random sizes up to 1 MiB, 256 live blocks each",
+    {"threads",
+     "host threads, one stream each, random sizes up to 1 MiB, 256 live blocks each; then "
+     "threads that start cold, arrive one by one, or take a stream per task",
      wl_threads},
     {"streams", "RMM multi_stream_allocations: allocate, launch, free on S streams", wl_streams},
     {"handoff", "allocate and use on stream A, free on stream B after an event", wl_handoff},
@@ -76,7 +78,7 @@ static const struct workload workloads[] = {
 };
 #define N_WORKLOADS (sizeof workloads / sizeof *workloads)
 
-static char descriptions[N_WORKLOADS][768];
+static char descriptions[N_WORKLOADS][2048];
 
 /* ---- Small helpers --------------------------------------------------------------------------- */
 

@@ -172,6 +172,8 @@ CUresult side_record(const struct side *sd, CUevent ev, CUstream s);
 CUresult side_wait(const struct side *sd, CUstream s, CUevent ev);
 CUresult side_event_sync(const struct side *sd, CUevent ev);
 CUresult side_event_destroy(const struct side *sd, CUevent ev);
+/* Destroy a stream: sop_stream_destroy, which tells sop the stream is gone, or cuStreamDestroy. */
+CUresult side_stream_destroy(const struct side *sd, CUstream s);
 /* Release what the pool holds beyond keep bytes (sop_trim_to, cuMemPoolTrimTo). */
 void side_trim(const struct side *sd, size_t keep);
 /* A pool attribute as a 64-bit value; set_attr writes one. */

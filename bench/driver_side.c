@@ -287,6 +287,12 @@ side_event_destroy(const struct side *sd, CUevent ev)
 	return sd->kind == SIDE_SOP ? sop_event_destroy(ev) : drv.cuEventDestroy(ev);
 }
 
+CUresult
+side_stream_destroy(const struct side *sd, CUstream s)
+{
+	return sd->kind == SIDE_SOP ? sop_stream_destroy(s) : drv.cuStreamDestroy(s);
+}
+
 uint64_t
 side_attr(const struct side *sd, CUmemPool_attribute attr)
 {

@@ -6,6 +6,8 @@ Usage: bench/plot.py DIR   (DIR is the folder given to sop-bench --out)
 Reads DIR/results.csv and DIR/replay-*.csv and writes:
   latency_by_size.png   pair: ns per alloc+free pair by size, each side (log scales)
   threads.png           threads: aggregate pairs/s and per-thread latency by thread count
+  threads_variants.png  threads started cold, one by one, a stream per task: aggregate pairs/s
+                        and reserved-high / live peak by thread count
   streams.png           streams: wall time over the no-allocation ideal by stream count
   replay_reserved.png   replay: reserved memory as each trace goes, each side, and live bytes
   ratios.png            every ratio of the run in one chart (> 1: sop is better)
@@ -108,8 +110,21 @@ def plot_pair(rows, folder, dev):
     save(fig, folder, "latency_by_size.png", "Same-stream alloc+free pair: latency by size", dev)
 
 
+def threads_variant_groups(rows):
+    """The threads variants (cold start, arriving, a stream per task), in the run's order:
+    the groups that report reserved-high / live peak."""
+    out = []
+    for r in rows:
+        if (r["workload"] == "threads" and r["metric"] == "reserved-high / live peak"
+                and r["group"] not in out):
+            out.append(r["group"])
+    return out
+
+
 def plot_threads(rows, folder, dev):
-    groups = sorted({r["group"] for r in rows if r["workload"] == "threads"})
+    variants = threads_variant_groups(rows)
+    groups = sorted({r["group"] for r in rows
+                     if r["workload"] == "threads" and r["group"] not in variants})
     agg, lat = {}, {}
     for g in groups:
         suffix = ", " + g if g and len(groups) > 1 else ""
@@ -135,6 +150,37 @@ def plot_threads(rows, folder, dev):
     a2.set_ylabel("ns per pair, median thread")
     save(fig, folder, "threads.png", "Scaling by threads: 256 live blocks each, one stream each",
          dev)
+
+
+def plot_threads_variants(rows, folder, dev):
+    variants = threads_variant_groups(rows)
+    if not variants:
+        return
+    styles = ["-", "--", ":", "-."]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    xs = set()
+    for j, g in enumerate(variants):
+        for ax, metric in ((a1, "aggregate"), (a2, "reserved-high / live peak")):
+            for side, pts in by_side(rows, "threads", metric, g).items():
+                xs.update(p[0] for p in pts)
+                ax.errorbar([p[0] for p in pts], [p[1] for p in pts],
+                            yerr=[[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]],
+                            label="%s, %s" % (side, g), color=COLORS.get(side),
+                            marker=MARKERS.get(side, "o"), capsize=3,
+                            linestyle=styles[j % len(styles)])
+    for ax in (a1, a2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(xs))
+        ax.set_xticklabels([str(int(x)) for x in sorted(xs)])
+        ax.set_xlabel("host threads")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    a1.set_yscale("log")
+    a1.set_ylabel("M alloc+free pairs/s, all threads")
+    a2.set_ylabel("reserved-high / live peak")
+    a2.axhline(1, color="#7f7f7f", lw=0.8)
+    save(fig, folder, "threads_variants.png",
+         "Threads as programs start them: cold, one by one, a stream per task", dev)
 
 
 def plot_streams(rows, folder, dev):
@@ -231,6 +277,7 @@ def main():
     dev = device(folder)
     plot_pair(rows, folder, dev)
     plot_threads(rows, folder, dev)
+    plot_threads_variants(rows, folder, dev)
     plot_streams(rows, folder, dev)
     plot_replay(folder, dev)
     plot_ratios(rows, folder, dev)

@@ -8,10 +8,13 @@
  * H100 (the driver's pool is the slow side: ~1 us a call, and it serializes threads); --quick
  * and --smoke shrink them, --scale and the list options change them.
  */
+#include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bench.h"
 
@@ -454,25 +457,323 @@ threads_run(const struct side *sd, int n_threads, double box_ns, size_t max_size
 		metric_calls(agg, &c0, &c1, total);
 }
 
+/* ---- threads as programs start them: cold, one by one, a stream per task -------------------
+ *
+ * The warmed loop above starts every thread on a stream and a pool that an untimed run has
+ * grown, behind a barrier between filling and stepping. Programs do not start that way: their
+ * threads start on a fresh pool with nothing behind them, arrive one after another on a pool
+ * that threads before them used, or run tasks from a queue that each bring a stream of their
+ * own. Each variant runs on a fresh pool every repetition (sop's, then the driver's, made with
+ * the same properties and release threshold UINT64_MAX), and reports its throughput and its
+ * reserved-high over the live peak: the most requested bytes live at once across threads, as
+ * the main thread samples it (the pools' used-high would add the peaks of streams that never
+ * lived at the same time). */
+
+#define TASK_LIVE 32
+#define TASK_STEPS 256
+#define SAMPLE_NS 100e3
+
+enum variant { VAR_COLD, VAR_ARRIVING, VAR_TASKS, N_VARIANTS };
+
+static const char *const variant_names[N_VARIANTS] = {"cold start", "arriving one by one",
+						      "a stream per task"};
+
+/* One run of a variant on one side: what its threads share. */
+struct crowd {
+	const struct side *sd;
+	double box_ns;
+	size_t max_size;
+	pthread_barrier_t bar;
+	/* The queue: tasks are numbered and a task's number seeds its sizes. On a cache line
+	 * apart from the fields above, which every operation reads. */
+	_Alignas(64) atomic_long next_task;
+	atomic_int running;
+};
+
+/* One thread of a run. live sits on a cache line of its own: the thread writes it at every
+ * operation, the sampler reads it. */
+struct worker {
+	_Alignas(64) _Atomic uint64_t live; /* requested bytes live now */
+	struct crowd *cr;
+	pthread_t th;
+	uint64_t seed;
+	double delay_ns; /* from the start of the run to this thread's start */
+	long ops;        /* allocations and frees in the timed region */
+	double t0, t1;   /* the timed region */
+	bool short_fill; /* the time box ended before THREAD_LIVE blocks were live */
+};
+
+static void
+sleep_ns(double ns)
+{
+	struct timespec ts = {(time_t)(ns / 1e9), (long)(ns - (double)(time_t)(ns / 1e9) * 1e9)};
+
+	while (nanosleep(&ts, &ts) && errno == EINTR)
+		;
+}
+
+/* Cold start and arriving: a stream of its own; until the time box ends, allocate until
+ * THREAD_LIVE blocks are live, then free a random one and allocate a new size in its place;
+ * then free everything, synchronize the stream and destroy it. The box times the loop: from
+ * the first allocation, after the stream is made, to the last. */
+static void *
+worker_replace(void *arg)
+{
+	struct worker *w = arg;
+	const struct crowd *cr = w->cr;
+	const struct side *sd = cr->sd;
+	struct rng rng = {w->seed};
+	void *p[THREAD_LIVE];
+	size_t size[THREAD_LIVE];
+	uint64_t bytes = 0;
+	long ops = 0;
+	int n = 0, i;
+	CUstream s;
+
+	CHECK(drv.cuCtxSetCurrent(env.ctx));
+	pthread_barrier_wait(&w->cr->bar);
+	if (w->delay_ns > 0)
+		sleep_ns(w->delay_ns);
+	s = stream_new();
+	w->t0 = now_ns();
+	do {
+		for (i = 0; i < 16; i++) {
+			uint64_t x = rng_next(&rng);
+			int k = n;
+
+			if (n < THREAD_LIVE) {
+				n++;
+			} else {
+				k = (int)(x % THREAD_LIVE);
+				CHECK(side_free(sd, p[k], s));
+				bytes -= size[k];
+				ops++;
+			}
+			size[k] = 1 + (x >> 20) % cr->max_size;
+			CHECK(side_alloc(sd, &p[k], size[k], s));
+			bytes += size[k];
+			ops++;
+			atomic_store_explicit(&w->live, bytes, memory_order_relaxed);
+		}
+		w->t1 = now_ns();
+	} while (w->t1 - w->t0 < cr->box_ns);
+	w->ops = ops;
+	w->short_fill = n < THREAD_LIVE;
+	for (i = 0; i < n; i++)
+		CHECK(side_free(sd, p[i], s));
+	atomic_store_explicit(&w->live, 0, memory_order_relaxed);
+	CHECK(side_sync(sd, s));
+	CHECK(side_stream_destroy(sd, s));
+	atomic_fetch_sub(&w->cr->running, 1);
+	return NULL;
+}
+
+/* One task: a stream of its own, TASK_LIVE blocks, then TASK_STEPS times free a random one
+ * and allocate a new size in its place, then free them all, synchronize the stream and destroy
+ * it. Its number seeds its sizes, so that both sides run the same tasks. */
+static void
+task_run(struct worker *w, long task)
+{
+	const struct side *sd = w->cr->sd;
+	struct rng rng = {0x7a5c0000u + (uint64_t)task};
+	void *p[TASK_LIVE];
+	size_t size[TASK_LIVE];
+	uint64_t bytes = 0;
+	CUstream s = stream_new();
+	int i;
+
+	for (i = 0; i < TASK_LIVE + TASK_STEPS; i++) {
+		uint64_t x = rng_next(&rng);
+		int k = i;
+
+		if (i >= TASK_LIVE) {
+			k = (int)(x % TASK_LIVE);
+			CHECK(side_free(sd, p[k], s));
+			bytes -= size[k];
+		}
+		size[k] = 1 + (x >> 20) % w->cr->max_size;
+		CHECK(side_alloc(sd, &p[k], size[k], s));
+		bytes += size[k];
+		atomic_store_explicit(&w->live, bytes, memory_order_relaxed);
+	}
+	for (i = 0; i < TASK_LIVE; i++)
+		CHECK(side_free(sd, p[i], s));
+	atomic_store_explicit(&w->live, 0, memory_order_relaxed);
+	CHECK(side_sync(sd, s));
+	CHECK(side_stream_destroy(sd, s));
+}
+
+/* A long-lived worker of a thread pool: until the time box ends, take the next task from the
+ * queue and run it. The box times every task whole, stream creation and destruction included. */
+static void *
+worker_tasks(void *arg)
+{
+	struct worker *w = arg;
+	long tasks = 0;
+
+	CHECK(drv.cuCtxSetCurrent(env.ctx));
+	pthread_barrier_wait(&w->cr->bar);
+	w->t0 = now_ns();
+	do {
+		task_run(w, atomic_fetch_add(&w->cr->next_task, 1));
+		tasks++;
+		w->t1 = now_ns();
+	} while (w->t1 - w->t0 < w->cr->box_ns);
+	w->ops = tasks * 2 * (TASK_LIVE + TASK_STEPS);
+	atomic_fetch_sub(&w->cr->running, 1);
+	return NULL;
+}
+
+/* Start n threads of fn on cr, all at once (thread i stagger_ns * i after the others when
+ * stagger_ns > 0), sample the requested bytes live across them until they are done, and join
+ * them. Returns the span from the first thread's start to the last one's end; *pairs gets the
+ * pairs made in it, *peak the most bytes seen live at once (if more), *short_fill the threads
+ * whose box ended before their blocks were all live. */
+static double
+crowd_run(struct crowd *cr, struct worker *w, int n, void *(*fn)(void *), uint64_t seed,
+	  double stagger_ns, double *pairs, uint64_t *peak, long *short_fill)
+{
+	double first = 0, last = 0;
+	long ops = 0;
+	int i;
+
+	atomic_store(&cr->running, n);
+	pthread_barrier_init(&cr->bar, NULL, (unsigned)n + 1);
+	for (i = 0; i < n; i++) {
+		memset(&w[i], 0, sizeof w[i]);
+		atomic_init(&w[i].live, 0);
+		w[i].cr = cr;
+		w[i].seed = seed + (uint64_t)i;
+		w[i].delay_ns = stagger_ns * i;
+		if (pthread_create(&w[i].th, NULL, fn, &w[i])) {
+			fprintf(stderr, "sop-bench: cannot start thread %d\n", i);
+			exit(1);
+		}
+	}
+	pthread_barrier_wait(&cr->bar);
+	while (atomic_load(&cr->running) > 0) {
+		uint64_t sum = 0;
+
+		for (i = 0; i < n; i++)
+			sum += atomic_load_explicit(&w[i].live, memory_order_relaxed);
+		if (sum > *peak)
+			*peak = sum;
+		sleep_ns(SAMPLE_NS);
+	}
+	for (i = 0; i < n; i++) {
+		pthread_join(w[i].th, NULL);
+		ops += w[i].ops;
+		*short_fill += w[i].short_fill;
+		if (!i || w[i].t0 < first)
+			first = w[i].t0;
+		if (!i || w[i].t1 > last)
+			last = w[i].t1;
+	}
+	pthread_barrier_destroy(&cr->bar);
+	*pairs = (double)ops / 2;
+	return last - first;
+}
+
+/* One case of a variant: every repetition, a fresh pool for sop, then one for the driver. */
+static void
+variant_case(enum variant v, int n_threads, double box_ns, size_t max_size)
+{
+	static const enum side_kind kinds[] = {SIDE_SOP, SIDE_POOL};
+	size_t bytes = sizeof(struct worker) * (size_t)n_threads;
+	struct worker *w = aligned_alloc(_Alignof(struct worker), bytes);
+	long short_fill[N_SIDES] = {0};
+	struct metric *agg, *mem;
+	char cas[32];
+	int r, k;
+
+	if (!w) {
+		fprintf(stderr, "sop-bench: out of host memory\n");
+		exit(1);
+	}
+	snprintf(cas, sizeof cas, "%d thread%s", n_threads, n_threads > 1 ? "s" : "");
+	agg = metric_new("threads", variant_names[v], cas, "aggregate", "M pairs/s", n_threads,
+			 true);
+	mem = metric_new("threads", variant_names[v], cas, "reserved-high / live peak", "x",
+			 n_threads, false);
+	for (r = 0; r < opts.reps; r++) {
+		for (k = 0; k < N_OF(kinds); k++) {
+			struct crowd cr;
+			struct side sd;
+			struct calls c0, c1;
+			uint64_t peak = 0, used;
+			double pairs, span;
+
+			if (!side_allowed(kinds[k]) || !side_open(&sd, kinds[k], UINT64_MAX, 0))
+				continue;
+			memset(&cr, 0, sizeof cr);
+			cr.sd = &sd;
+			cr.box_ns = box_ns;
+			cr.max_size = max_size;
+			atomic_init(&cr.next_task, 0);
+			atomic_init(&cr.running, 0);
+			/* Arriving: a first set of threads, the same program, runs to its end on
+			 * the pool before the new ones come; its peak counts, its pairs do not. */
+			if (v == VAR_ARRIVING)
+				crowd_run(&cr, w, n_threads, worker_replace, 0xa1100000u, 0, &pairs,
+					  &peak, &short_fill[sd.kind]);
+			calls_read(&c0);
+			span = crowd_run(&cr, w, n_threads,
+					 v == VAR_TASKS ? worker_tasks : worker_replace,
+					 v == VAR_COLD ? 0xc01d0000u : 0xa1200000u,
+					 v == VAR_ARRIVING ? box_ns / 32 : 0, &pairs, &peak,
+					 &short_fill[sd.kind]);
+			calls_read(&c1);
+			metric_add(agg, sd.kind, pairs / span * 1e3);
+			metric_add(mem, sd.kind,
+				   (double)side_attr(&sd, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) /
+				       (double)(peak ? peak : 1));
+			if (sd.kind == SIDE_SOP)
+				metric_calls(agg, &c0, &c1, pairs);
+			used = side_attr(&sd, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+			if (used)
+				note("threads %s, %s: %s still had %llu bytes in use after every "
+				     "thread freed its blocks and synchronized",
+				     variant_names[v], cas, side_names[sd.kind],
+				     (unsigned long long)used);
+			sides_close(&sd, 1);
+		}
+	}
+	metric_done(agg);
+	metric_done(mem);
+	for (k = 0; k < N_OF(kinds); k++)
+		if (short_fill[kinds[k]])
+			note("threads %s, %s: on %s, %ld thread runs ended their time box before "
+			     "%d blocks were live",
+			     variant_names[v], cas, side_names[kinds[k]], short_fill[kinds[k]],
+			     THREAD_LIVE);
+	free(w);
+}
+
 void
 wl_threads(void)
 {
 	static const size_t counts[] = {1, 2, 4, 8, 16};
+	static const size_t counts_quick[] = {1, 4, 16};
 	struct list tl = list_pick(&opts.threads, counts, N_OF(counts), counts, N_OF(counts),
 				   counts, N_OF(counts));
+	struct list vl = list_pick(&opts.threads, counts, N_OF(counts), counts_quick,
+				   N_OF(counts_quick), counts, N_OF(counts));
 	/* A time box, not a count: the driver's pool falls to ~0.1 M pairs/s with 16 threads
 	 * and a fixed count would take it minutes. */
 	double box_ns = (double)scaled(100, 30, 5) * 1e6;
 	struct side sd[N_SIDES];
 	int n = sides_open(sd, ALL_POOLS, UINT64_MAX, 0);
 	CUstream streams[THREAD_MAX];
-	size_t max_size;
-	int max_t = 1, c, r, i;
+	size_t max_size, var_size;
+	int max_t = 1, var_t = 1, c, r, i, v;
 	char cas[32];
 
 	for (c = 0; c < tl.n; c++)
 		if ((int)tl.v[c] > max_t)
 			max_t = (int)tl.v[c];
+	for (c = 0; c < vl.n; c++)
+		if ((int)vl.v[c] > var_t)
+			var_t = (int)vl.v[c];
 	for (i = 0; i < max_t; i++)
 		streams[i] = stream_new();
 	/* Sizes up to 1 MiB, unless every side's blocks would not fit at once (the simulated
@@ -482,12 +783,37 @@ wl_threads(void)
 		max_size = KiB;
 	if (max_size < MiB)
 		note("threads: sizes up to %zu KiB, not 1 MiB, to fit the device", max_size / KiB);
+	/* The variants run one pool at a time, but arriving threads may find a pool that holds
+	 * what the first set left and grow it as much again: room for four times their blocks. */
+	var_size = mem_cap(MiB, (size_t)var_t * THREAD_LIVE * 4);
+	if (var_size < KiB)
+		var_size = KiB;
+	if (var_size < MiB)
+		note("threads variants: sizes up to %zu KiB, not 1 MiB, to fit the device",
+		     var_size / KiB);
 	describe(
-	    "Each thread on its own stream, all on one pool: 256 live blocks of 1 B..%zu KiB, "
-	    "then free a random one and allocate a new random size in its place until a time "
-	    "box of %.0f ms ends; then the same with every size 4 KiB. Aggregate = all pairs / "
-	    "the slowest thread's time; latency = the median thread's time per pair.",
-	    max_size / KiB, box_ns / 1e6);
+	    "Warmed (groups random sizes, 4 KiB): each thread on its own stream, all on one pool: "
+	    "256 live blocks of 1 B..%zu KiB, then free a random one and allocate a new random "
+	    "size in its place until a time box of %.0f ms ends; then the same with every size "
+	    "4 KiB. Aggregate = all pairs / the slowest thread's time; latency = the median "
+	    "thread's time per pair.\n\n"
+	    "Then three variants, sop and the driver's pool only, each repetition on fresh pools, "
+	    "sizes 1 B..%zu KiB. Cold start: the threads start together, each makes its stream "
+	    "and at once allocates until 256 blocks are live, then replaces random ones, until a "
+	    "box of %.0f ms ends; then frees everything, synchronizes its stream and destroys it. "
+	    "Arriving one by one: a first set of as many threads does that to its end, then the "
+	    "new threads start %.2f ms apart and do the same. A stream per task: the threads are "
+	    "workers that take numbered tasks from a queue until the box ends; a task makes a "
+	    "stream, keeps %d blocks live through %d replacements, frees them, synchronizes and "
+	    "destroys the stream. Aggregate = the pairs (allocations and frees in the box / 2) "
+	    "of the timed threads (arriving: the new ones) / the time from the first one's start "
+	    "to the last one's end (tasks: stream creation and destruction included). Live peak "
+	    "= the most requested bytes live at once across threads, sampled every %.0f us "
+	    "(arriving: over both sets); reserved-high is the pool's "
+	    "CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH at the end. sop calls/op: sop's driver calls from "
+	    "the timed threads' start to their end, teardown included, over the pairs counted.",
+	    max_size / KiB, box_ns / 1e6, var_size / KiB, box_ns / 1e6, box_ns / 32 / 1e6,
+	    TASK_LIVE, TASK_STEPS, SAMPLE_NS / 1e3);
 	/* Random sizes first (the issue's case), then one fixed size: the latter keeps every
 	 * thread on its stream's hot path and shows how that path alone scales. */
 	for (int fixed_case = 0; fixed_case < 2; fixed_case++) {
@@ -516,6 +842,10 @@ wl_threads(void)
 	sides_close(sd, n);
 	for (i = 0; i < max_t; i++)
 		stream_free(streams[i]);
+	/* The variants, on pools of their own. */
+	for (v = 0; v < N_VARIANTS; v++)
+		for (c = 0; c < vl.n && budget_left("threads"); c++)
+			variant_case((enum variant)v, (int)vl.v[c], box_ns, var_size);
 }
 
 /* ---- streams: RMM's multi_stream_allocations ------------------------------------------------ */
