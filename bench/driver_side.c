@@ -183,6 +183,8 @@ side_open(struct side *sd, enum side_kind kind, uint64_t threshold, size_t max_s
 		side_set_attr(sd, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0);
 		side_set_attr(sd, CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0);
 		return true;
+	case SIDE_IDEAL:
+		return true; /* no pool: the caller's loop allocates nothing */
 	default:
 		return false;
 	}

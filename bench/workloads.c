@@ -570,7 +570,8 @@ worker_replace(void *arg)
 
 /* One task: a stream of its own, TASK_LIVE blocks, then TASK_STEPS times free a random one
  * and allocate a new size in its place, then free them all, synchronize the stream and destroy
- * it. Its number seeds its sizes, so that both sides run the same tasks. */
+ * it. Its number seeds its sizes, so that both sides run the same tasks. With no allocator
+ * (SIDE_IDEAL), the stream's creation, synchronization and destruction alone: the floor. */
 static void
 task_run(struct worker *w, long task)
 {
@@ -582,6 +583,11 @@ task_run(struct worker *w, long task)
 	CUstream s = stream_new();
 	int i;
 
+	if (sd->kind == SIDE_IDEAL) {
+		CHECK(drv.cuStreamSynchronize(s));
+		CHECK(drv.cuStreamDestroy(s));
+		return;
+	}
 	for (i = 0; i < TASK_LIVE + TASK_STEPS; i++) {
 		uint64_t x = rng_next(&rng);
 		int k = i;
@@ -678,7 +684,9 @@ crowd_run(struct crowd *cr, struct worker *w, int n, void *(*fn)(void *), uint64
 static void
 variant_case(enum variant v, int n_threads, double box_ns, size_t max_size)
 {
-	static const enum side_kind kinds[] = {SIDE_SOP, SIDE_POOL};
+	/* Tasks also run with no allocator: what creating, synchronizing and destroying a stream
+	 * per task leaves for any allocator to reach. */
+	static const enum side_kind kinds[] = {SIDE_SOP, SIDE_POOL, SIDE_IDEAL};
 	size_t bytes = sizeof(struct worker) * (size_t)n_threads;
 	struct worker *w = aligned_alloc(_Alignof(struct worker), bytes);
 	long short_fill[N_SIDES] = {0};
@@ -703,7 +711,8 @@ variant_case(enum variant v, int n_threads, double box_ns, size_t max_size)
 			uint64_t peak = 0, used;
 			double pairs, span;
 
-			if (!side_allowed(kinds[k]) || !side_open(&sd, kinds[k], UINT64_MAX, 0))
+			if ((kinds[k] == SIDE_IDEAL && v != VAR_TASKS) || !side_allowed(kinds[k]) ||
+			    !side_open(&sd, kinds[k], UINT64_MAX, 0))
 				continue;
 			memset(&cr, 0, sizeof cr);
 			cr.sd = &sd;
@@ -724,6 +733,10 @@ variant_case(enum variant v, int n_threads, double box_ns, size_t max_size)
 					 &short_fill[sd.kind]);
 			calls_read(&c1);
 			metric_add(agg, sd.kind, pairs / span * 1e3);
+			if (sd.kind == SIDE_IDEAL) {
+				sides_close(&sd, 1);
+				continue;
+			}
 			metric_add(mem, sd.kind,
 				   (double)side_attr(&sd, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) /
 				       (double)(peak ? peak : 1));
@@ -805,7 +818,9 @@ wl_threads(void)
 	    "new threads start %.2f ms apart and do the same. A stream per task: the threads are "
 	    "workers that take numbered tasks from a queue until the box ends; a task makes a "
 	    "stream, keeps %d blocks live through %d replacements, frees them, synchronizes and "
-	    "destroys the stream. Aggregate = the pairs (allocations and frees in the box / 2) "
+	    "destroys the stream; no-alloc runs the same tasks with no allocator (the stream's "
+	    "creation, synchronization and destruction alone), counted as the same pairs: the "
+	    "ceiling any allocator has there. Aggregate = the pairs (allocations and frees in the box / 2) "
 	    "of the timed threads (arriving: the new ones) / the time from the first one's start "
 	    "to the last one's end (tasks: stream creation and destruction included). Live peak "
 	    "= the most requested bytes live at once across threads, sampled every %.0f us "
