@@ -7,7 +7,8 @@
  * names cuda.h's macros give (cuMemGetInfo -> cuMemGetInfo_v2), so the table is the same whether
  * it is filled from the real driver or the simulated one.
  *
- * Every other file calls the driver through sop__drv.
+ * Every other file of sop calls the driver through sop__drv. The interposer (preload.c) is the
+ * one other file that calls it: what sop does not serve it forwards to entry points of its own.
  */
 #include <dlfcn.h>
 #include <stdlib.h>
@@ -31,13 +32,21 @@ static void *driver_dl;
 #define SOP_STR2(x) #x
 #define SOP_STR(x) SOP_STR2(x)
 
+/* Built into the interposer (preload.c), which overrides dlsym to hand programs its own
+ * functions: sop's table must hold the driver's, or sop's driver calls would come back to sop. */
+#ifdef SOP_PRELOAD
+#define driver_dlsym sop__preload_dlsym
+#else
+#define driver_dlsym dlsym
+#endif
+
 static bool
 driver_resolve(void *dl)
 {
 	void *sym;
 
 #define SOP_X(name)                                                                                \
-	sym = dlsym(dl, SOP_STR(name));                                                            \
+	sym = driver_dlsym(dl, SOP_STR(name));                                                     \
 	if (!sym)                                                                                  \
 		return false;                                                                      \
 	memcpy(&sop__drv.name, &sym, sizeof sym);

@@ -2,7 +2,8 @@
  * cross-file function, grouped under the file that defines it. Nothing here is public.
  *
  * Files:
- *   driver.c   the only file that calls cu*: a table of entry points loaded with dlopen
+ *   driver.c   the only file through which sop calls cu*: a table of entry points loaded with
+ *              dlopen
  *   epoch.c    deferred reclamation: an object is freed once no call can be reading it
  *   bins.c     segregated-fit free lists (TLSF): two bitmaps and 32 lists per power of two
  *   heap.c     blocks, segments, pieces and the pool-wide heap: split, merge, grow, release
@@ -13,6 +14,10 @@
  *              pools
  *   check.c    sop__pool_check, the invariant walker
  *   sop.c      public entry points: check arguments, take locks, call in
+ *   preload.c  the interposer, libsop-preload.so (not in libsop): the driver's stream-ordered
+ *              allocator and the calls sop learns stream order from, as unchanged programs reach
+ *              them (their symbols, dlsym, cuGetProcAddress), served by sop's public calls; what
+ *              sop does not serve goes to the driver's own entry points
  */
 #ifndef SOP_INTERNAL_H
 #define SOP_INTERNAL_H
@@ -1019,6 +1024,12 @@ CUresult sop__set_current_pool(CUdevice device, struct sop_pool *pool);
  * current, both under the lock that sop__set_current_pool takes, so that no device can be left
  * with a destroyed pool as current. */
 void sop__forget_current(struct sop_pool *pool);
+
+/* ---- preload.c --------------------------------------------------------------------------- */
+
+/* glibc's dlsym, which the interposer overrides: driver.c, built into it (SOP_PRELOAD), resolves
+ * sop's table through this. */
+void *sop__preload_dlsym(void *handle, const char *name);
 
 /* ---- check.c ----------------------------------------------------------------------------- */
 

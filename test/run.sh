@@ -4,7 +4,8 @@
 #   build/        warnings as errors; every test (the gpu suite runs on a GPU, skips without)
 #   build-asan/   AddressSanitizer + UndefinedBehaviorSanitizer, the unit suite
 #   build-tsan/   ThreadSanitizer, the unit suite
-#   an install into a staging folder, and an example compiled against the installed sop.pc
+#   an install into a staging folder, an example compiled against the installed sop.pc, and the
+#   installed sop-run running a program with the installed interposer
 # and ends with one line: N passed, N failed, N skipped.
 # Set SOP_TEST_QUICK=1 to skip the sanitizer builds.
 set -u
@@ -88,6 +89,22 @@ if DESTDIR="$stage" meson install -C build --quiet >build/install.log 2>&1; then
 		passed=$((passed + 1))
 	else
 		echo "installed-consumer: FAIL"; cat build/tour-installed.log 2>/dev/null
+		failed=$((failed + 1)); status=1
+	fi
+	# The installed sop-run finds the installed interposer (relative to itself, as the staging
+	# folder moved both), and a program under it allocates from sop.
+	run=$(find "$stage" -name sop-run -type f | head -1)
+	pre=$(find "$stage" -name libsop-preload.so -type f | head -1)
+	got=
+	[ -x "$run" ] && [ -f "$pre" ] && got=$("$run" sh -c 'printf %s "$LD_PRELOAD"')
+	if [ -n "$got" ] && [ "$(realpath "$got")" = "$(realpath "$pre")" ] &&
+	   LD_LIBRARY_PATH=$top/build/test/sim SOP_DRIVER_LIBRARY=$top/build/test/sim/libcuda.so.1 \
+		"$run" ./build/test/test-preload --quick >build/sop-run-installed.log 2>&1; then
+		echo "installed-sop-run: OK (${run#"$stage"}, ${pre#"$stage"})"
+		passed=$((passed + 1))
+	else
+		echo "installed-sop-run: FAIL (sop-run '$run', preload '$pre', LD_PRELOAD '$got')"
+		cat build/sop-run-installed.log 2>/dev/null
 		failed=$((failed + 1)); status=1
 	fi
 else

@@ -67,7 +67,53 @@
 	X(cuMemsetD8) X(cuMemsetD16) X(cuMemsetD32) \
 	X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemcpyAsync) \
 	X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemcpy) \
-	X(cuModuleLoadData) X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel)
+	X(cuModuleLoadData) X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel) \
+	SIM_LIBCUDA_ENTRY_POINTS(X)
+
+/*
+ * What libcuda.so.1, the copy of the sim that the interposer's tests link in
+ * place of the driver (built with SIM_LIBCUDA, sim-libcuda.c), has beyond
+ * libsopsim.so: the driver's stream-ordered pools, as stubs that fail on
+ * devices; classic allocations; the _ptsz variants and the ABIs that
+ * cuGetProcAddress hands out by version. libsopsim.so stays without them: its
+ * users find the pools missing and skip.
+ */
+#ifdef SIM_LIBCUDA
+#define SIM_LIBCUDA_ENTRY_POINTS(X) \
+	X(cuMemAlloc) X(cuMemFree) X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) \
+	X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) \
+	X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) \
+	X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuMemPoolTrimTo) \
+	X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute) \
+	X(cuMemPoolSetAccess) X(cuMemPoolGetAccess) \
+	X(cuMemPoolExportToShareableHandle) X(cuMemPoolImportFromShareableHandle) \
+	X(cuMemPoolExportPointer) X(cuMemPoolImportPointer) \
+	X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) \
+	X(cuMemGetDefaultMemPool) X(cuMemGetMemPool) X(cuMemSetMemPool) \
+	X(cuCtxSynchronize_v2) X(cuStreamSynchronize_ptsz) X(cuStreamWaitEvent_ptsz) \
+	X(cuEventRecord_ptsz) X(cuEventRecordWithFlags_ptsz)
+
+/* cuda.h declares the _ptsz variants only for programs built for per-thread streams. */
+CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
+CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+					      CUmemoryPool pool, CUstream hStream);
+CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream);
+CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags);
+CUresult CUDAAPI cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
+CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
+					     unsigned int flags);
+
+/*
+ * cuGetProcAddress's answer for the names whose ABI depends on the version or
+ * on CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (sim-libcuda.c): true if
+ * symbol is one, with *rc the call's result.
+ */
+bool sim_libcuda_lookup(const char *symbol, void **pfn, int version, cuuint64_t flags,
+			CUdriverProcAddressQueryResult *status, CUresult *rc);
+#else
+#define SIM_LIBCUDA_ENTRY_POINTS(X)
+#endif
 
 enum sim_entry {
 #define SIM_ENTRY_ENUM(name) SIM_E_##name,

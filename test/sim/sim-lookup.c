@@ -207,6 +207,14 @@ SIM_EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int
 	if (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM |
 				  CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))
 		return CUDA_ERROR_INVALID_VALUE;
+#ifdef SIM_LIBCUDA
+	{
+		CUresult rc;
+
+		if (sim_libcuda_lookup(symbol, pfn, cudaVersion, flags, status, &rc))
+			return rc;
+	}
+#endif
 	for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++) {
 		if (strcmp(procs[i].name, symbol) == 0 || strcmp(procs[i].exported, symbol) == 0) {
 			/* ISO C has no function-to-object pointer cast; copy the bits. */

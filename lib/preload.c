@@ -1,0 +1,1048 @@
+/* preload.c - the interposer, libsop-preload.so: the driver's stream-ordered allocator, as
+ * programs reach it without being changed, routed to sop. Not part of libsop.
+ *
+ * sop-run (or LD_PRELOAD) loads it before libcuda. It takes over the driver's pools
+ * (cuMemAllocAsync, cuMemFreeAsync, cuMemAllocFromPoolAsync, cuMemPool*, the device's default
+ * and current pools) and the calls sop learns stream order from (synchronizations, event records
+ * and waits, stream and event destruction), on every path a program finds them by:
+ *  - a call to libcuda's symbol: this library exports the same names, the exact ones cuda.h's
+ *    macros give (cuStreamDestroy_v2) and the _ptsz per-thread-default-stream variants, and
+ *    comes first in the search order;
+ *  - dlsym(handle, "cuXxx"), which static cudart (nvcc's default), JAX and others use: dlsym is
+ *    overridden, and a name taken over gets this library's function where the handle has the
+ *    symbol at all;
+ *  - cuGetProcAddress and cuGetProcAddress_v2, reached by either path above, and which static
+ *    cudart resolves everything else through: the driver's lookup runs first, then a name taken
+ *    over gets the function for the version and flags asked (the _ptsz one for
+ *    CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM; for "cuGetProcAddress", the v1 ABI of 4
+ *    arguments below 12000 and v2's 5 from it; cuCtxSynchronize's v2, which takes a context,
+ *    from 13000).
+ *
+ * sop's own driver calls never come back here: driver.c, built into this library with
+ * SOP_PRELOAD, resolves its table through the real dlsym (sop__preload_dlsym). What sop does not
+ * serve goes, with the program's arguments untouched, to entry points this file resolves itself
+ * from libcuda.so.1, also through the real dlsym: every call when sop cannot start (no driver,
+ * sop__init failing); a free of memory sop did not allocate; pools sop cannot make (host or
+ * managed memory, handle types or usages sop lacks) and pools imported from another process,
+ * whose handles the driver gives and this file remembers; event records with flags
+ * (sop_event_record has none); a context synchronization of another context than the current
+ * one. Everything else is served by sop's public calls, and a pool handle the program sees is a
+ * sop_pool_t. IPC of sop's pools and memory, which sop does not have yet, is refused.
+ */
+#include <dlfcn.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cudaTypedefs.h>
+
+#include "internal.h"
+
+/* ---- The real dlsym ------------------------------------------------------------------------ */
+
+typedef void *(*dlsym_fn)(void *handle, const char *name);
+
+static _Atomic(dlsym_fn) real_dlsym;
+
+/* glibc's dlsym, the definition after this library's: GLIBC_2.34 since libdl went into libc,
+ * GLIBC_2.2.5 (x86-64) or GLIBC_2.17 (Arm) before. dlvsym is not overridden. */
+static dlsym_fn
+dlsym_resolve(void)
+{
+	static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
+	dlsym_fn fn = NULL;
+	void *sym;
+	size_t i;
+
+	for (i = 0; !fn && i < sizeof versions / sizeof versions[0]; i++) {
+		sym = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+		memcpy(&fn, &sym, sizeof fn);
+	}
+	atomic_store_explicit(&real_dlsym, fn, memory_order_relaxed);
+	return fn;
+}
+
+static inline dlsym_fn
+dlsym_real(void)
+{
+	dlsym_fn fn = atomic_load_explicit(&real_dlsym, memory_order_relaxed);
+
+	return SOP_LIKELY(fn != NULL) ? fn : dlsym_resolve();
+}
+
+void *
+sop__preload_dlsym(void *handle, const char *name)
+{
+	dlsym_fn fn = dlsym_real();
+
+	return fn ? fn(handle, name) : NULL;
+}
+
+/* ---- The driver's own entry points -------------------------------------------------------- */
+
+/* Every entry point the interposer forwards to: its type, by the version of its ABI
+ * (cudaTypedefs.h), the member, and the exported symbol. */
+#define DRIVER_SYMBOLS(X)                                                                          \
+	X(PFN_cuGetProcAddress_v11030, cuGetProcAddress_v1, "cuGetProcAddress")                    \
+	X(PFN_cuGetProcAddress_v12000, cuGetProcAddress_v2, "cuGetProcAddress_v2")                 \
+	X(PFN_cuMemAllocAsync_v11020, cuMemAllocAsync, "cuMemAllocAsync")                          \
+	X(PFN_cuMemAllocAsync_v11020_ptsz, cuMemAllocAsync_ptsz, "cuMemAllocAsync_ptsz")           \
+	X(PFN_cuMemFreeAsync_v11020, cuMemFreeAsync, "cuMemFreeAsync")                             \
+	X(PFN_cuMemFreeAsync_v11020_ptsz, cuMemFreeAsync_ptsz, "cuMemFreeAsync_ptsz")              \
+	X(PFN_cuMemAllocFromPoolAsync_v11020, cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync")  \
+	X(PFN_cuMemAllocFromPoolAsync_v11020_ptsz, cuMemAllocFromPoolAsync_ptsz,                   \
+	  "cuMemAllocFromPoolAsync_ptsz")                                                          \
+	X(PFN_cuMemPoolCreate_v11020, cuMemPoolCreate, "cuMemPoolCreate")                          \
+	X(PFN_cuMemPoolDestroy_v11020, cuMemPoolDestroy, "cuMemPoolDestroy")                       \
+	X(PFN_cuMemPoolTrimTo_v11020, cuMemPoolTrimTo, "cuMemPoolTrimTo")                          \
+	X(PFN_cuMemPoolSetAttribute_v11020, cuMemPoolSetAttribute, "cuMemPoolSetAttribute")        \
+	X(PFN_cuMemPoolGetAttribute_v11020, cuMemPoolGetAttribute, "cuMemPoolGetAttribute")        \
+	X(PFN_cuMemPoolSetAccess_v11020, cuMemPoolSetAccess, "cuMemPoolSetAccess")                 \
+	X(PFN_cuMemPoolGetAccess_v11020, cuMemPoolGetAccess, "cuMemPoolGetAccess")                 \
+	X(PFN_cuMemPoolExportToShareableHandle_v11020, cuMemPoolExportToShareableHandle,           \
+	  "cuMemPoolExportToShareableHandle")                                                      \
+	X(PFN_cuMemPoolImportFromShareableHandle_v11020, cuMemPoolImportFromShareableHandle,       \
+	  "cuMemPoolImportFromShareableHandle")                                                    \
+	X(PFN_cuMemPoolExportPointer_v11020, cuMemPoolExportPointer, "cuMemPoolExportPointer")     \
+	X(PFN_cuMemPoolImportPointer_v11020, cuMemPoolImportPointer, "cuMemPoolImportPointer")     \
+	X(PFN_cuDeviceGetDefaultMemPool_v11020, cuDeviceGetDefaultMemPool,                         \
+	  "cuDeviceGetDefaultMemPool")                                                             \
+	X(PFN_cuDeviceGetMemPool_v11020, cuDeviceGetMemPool, "cuDeviceGetMemPool")                 \
+	X(PFN_cuDeviceSetMemPool_v11020, cuDeviceSetMemPool, "cuDeviceSetMemPool")                 \
+	X(PFN_cuMemGetDefaultMemPool_v13000, cuMemGetDefaultMemPool, "cuMemGetDefaultMemPool")     \
+	X(PFN_cuMemGetMemPool_v13000, cuMemGetMemPool, "cuMemGetMemPool")                          \
+	X(PFN_cuMemSetMemPool_v13000, cuMemSetMemPool, "cuMemSetMemPool")                          \
+	X(PFN_cuStreamSynchronize_v2000, cuStreamSynchronize, "cuStreamSynchronize")               \
+	X(PFN_cuStreamSynchronize_v7000_ptsz, cuStreamSynchronize_ptsz,                            \
+	  "cuStreamSynchronize_ptsz")                                                              \
+	X(PFN_cuEventSynchronize_v2000, cuEventSynchronize, "cuEventSynchronize")                  \
+	X(PFN_cuCtxSynchronize_v2000, cuCtxSynchronize, "cuCtxSynchronize")                        \
+	X(PFN_cuCtxSynchronize_v13000, cuCtxSynchronize_v2, "cuCtxSynchronize_v2")                 \
+	X(PFN_cuEventRecord_v2000, cuEventRecord, "cuEventRecord")                                 \
+	X(PFN_cuEventRecord_v7000_ptsz, cuEventRecord_ptsz, "cuEventRecord_ptsz")                  \
+	X(PFN_cuEventRecordWithFlags_v11010, cuEventRecordWithFlags, "cuEventRecordWithFlags")     \
+	X(PFN_cuEventRecordWithFlags_v11010_ptsz, cuEventRecordWithFlags_ptsz,                     \
+	  "cuEventRecordWithFlags_ptsz")                                                           \
+	X(PFN_cuStreamWaitEvent_v3020, cuStreamWaitEvent, "cuStreamWaitEvent")                     \
+	X(PFN_cuStreamWaitEvent_v7000_ptsz, cuStreamWaitEvent_ptsz, "cuStreamWaitEvent_ptsz")      \
+	X(PFN_cuStreamDestroy_v4000, cuStreamDestroy_v2, "cuStreamDestroy_v2")                     \
+	X(PFN_cuEventDestroy_v4000, cuEventDestroy_v2, "cuEventDestroy_v2")                        \
+	X(PFN_cuCtxGetCurrent_v4000, cuCtxGetCurrent, "cuCtxGetCurrent")
+
+struct driver_table {
+	void *dl; /* libcuda.so.1, or NULL where it cannot be loaded */
+#define X(type, member, symbol) type member;
+	DRIVER_SYMBOLS(X)
+#undef X
+};
+
+static struct driver_table drv;
+
+/* The code a forwarded call gets where the driver lacks the entry point: the driver's for a
+ * symbol it does not have, or sop's for no driver at all. */
+static CUresult
+drv_missing(void)
+{
+	return drv.dl ? CUDA_ERROR_NOT_FOUND : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+/* Call the driver's entry point with the program's arguments. */
+#define FORWARD(member, ...) (drv.member ? drv.member(__VA_ARGS__) : drv_missing())
+
+static void
+drv_load(void)
+{
+	dlsym_fn fn = dlsym_real();
+	void *sym;
+
+	/* The driver the program uses: libcuda.so.1 is already loaded when the program links it
+	 * or dlopened it, and this returns that very library. Not SOP_DRIVER_LIBRARY, which names
+	 * sop's driver: when it names nothing, the program still has its own. */
+	drv.dl = fn ? dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL) : NULL;
+	if (!drv.dl)
+		return;
+#define X(type, member, symbol)                                                                    \
+	sym = fn(drv.dl, symbol);                                                                  \
+	memcpy(&drv.member, &sym, sizeof sym);
+	DRIVER_SYMBOLS(X)
+#undef X
+}
+
+/* ---- Starting ------------------------------------------------------------------------------ */
+
+/* Once, on the first call that needs it: the driver's entry points, then sop. A hand-made once
+ * rather than pthread_once, so that a child forked while another thread of its parent was in
+ * the middle of it can start again (preload_forked). */
+enum { ONCE_NONE, ONCE_RUNNING, ONCE_DONE };
+static atomic_int drv_once;
+
+/* Whether sop serves the hooked calls: not known until the first of them, then for good. */
+enum { SOP_UNKNOWN, SOP_STARTING, SOP_SERVING, SOP_DRIVER_ONLY };
+static atomic_int sop_state;
+
+/* Set on the thread that is loading the driver or starting sop: a hooked call it makes meanwhile
+ * (the driver's constructor or cuInit calling its own exported names) goes to the driver, instead
+ * of waiting for itself. */
+static __thread bool starting;
+
+static void
+drv_ensure(void)
+{
+	int expect = ONCE_NONE;
+
+	if (SOP_LIKELY(atomic_load_explicit(&drv_once, memory_order_acquire) == ONCE_DONE) ||
+	    starting)
+		return;
+	if (atomic_compare_exchange_strong(&drv_once, &expect, ONCE_RUNNING)) {
+		starting = true;
+		drv_load();
+		starting = false;
+		atomic_store_explicit(&drv_once, ONCE_DONE, memory_order_release);
+		return;
+	}
+	while (atomic_load_explicit(&drv_once, memory_order_acquire) != ONCE_DONE)
+		sched_yield();
+}
+
+static bool
+sop_start(void)
+{
+	int expect = SOP_UNKNOWN, s;
+
+	drv_ensure();
+	if (starting)
+		return false;
+	if (atomic_compare_exchange_strong(&sop_state, &expect, SOP_STARTING)) {
+		starting = true;
+		s = sop__init() == CUDA_SUCCESS ? SOP_SERVING : SOP_DRIVER_ONLY;
+		starting = false;
+		atomic_store_explicit(&sop_state, s, memory_order_release);
+		return s == SOP_SERVING;
+	}
+	while ((s = atomic_load_explicit(&sop_state, memory_order_acquire)) == SOP_STARTING)
+		sched_yield();
+	return s == SOP_SERVING;
+}
+
+/* Whether sop serves this call; else it goes to the driver (drv is loaded either way). */
+static inline bool
+serving(void)
+{
+	int s = atomic_load_explicit(&sop_state, memory_order_acquire);
+
+	if (SOP_LIKELY(s == SOP_SERVING))
+		return true;
+	return s == SOP_DRIVER_ONLY ? false : sop_start();
+}
+
+/* A forked child cannot use its parent's CUDA state, nor wait for a thread of the parent: if the
+ * parent had started sop, or was starting it, every hooked call of the child goes to the driver,
+ * which answers as it does for any forked child. One that execs starts afresh. */
+static void
+preload_forked(void)
+{
+	if (atomic_load_explicit(&drv_once, memory_order_relaxed) == ONCE_RUNNING)
+		atomic_store_explicit(&drv_once, ONCE_NONE, memory_order_relaxed);
+	if (atomic_load_explicit(&sop_state, memory_order_relaxed) != SOP_UNKNOWN)
+		atomic_store_explicit(&sop_state, SOP_DRIVER_ONLY, memory_order_relaxed);
+	starting = false;
+}
+
+__attribute__((constructor)) static void
+preload_loaded(void)
+{
+	pthread_atfork(NULL, NULL, preload_forked);
+}
+
+/* ---- Pools the driver made ------------------------------------------------------------------ */
+
+/* Handles of pools that sop could not make and the driver did (host or managed locations,
+ * handle types or usages sop lacks, pools imported from another process): calls on them go to
+ * the driver. Every other handle is
+ * sop's, and refused as sop refuses it; few programs have any of these, so a count read without
+ * the lock spares the rest the lookup. */
+static pthread_mutex_t foreign_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUmemoryPool *foreign;
+static size_t n_foreign, cap_foreign;
+static atomic_size_t foreign_count;
+
+static bool
+foreign_find(CUmemoryPool pool, size_t *at)
+{
+	size_t i;
+
+	for (i = 0; i < n_foreign; i++) {
+		if (foreign[i] == pool) {
+			*at = i;
+			return true;
+		}
+	}
+	return false;
+}
+
+static bool
+foreign_has(CUmemoryPool pool)
+{
+	size_t at;
+	bool found;
+
+	if (SOP_LIKELY(!atomic_load_explicit(&foreign_count, memory_order_acquire)))
+		return false;
+	pthread_mutex_lock(&foreign_lock);
+	found = foreign_find(pool, &at);
+	pthread_mutex_unlock(&foreign_lock);
+	return found;
+}
+
+/* Remember a handle the driver gave (a pool made, or a location's default or current pool).
+ * Without host memory it is not remembered, and later calls on it get sop's
+ * CUDA_ERROR_INVALID_VALUE. */
+static void
+foreign_add(CUmemoryPool pool)
+{
+	CUmemoryPool *grown;
+	size_t at;
+
+	pthread_mutex_lock(&foreign_lock);
+	if (!foreign_find(pool, &at)) {
+		if (n_foreign == cap_foreign) {
+			size_t cap = cap_foreign ? 2 * cap_foreign : 8;
+
+			grown = realloc(foreign, cap * sizeof *grown);
+			if (grown) {
+				foreign = grown;
+				cap_foreign = cap;
+			}
+		}
+		if (n_foreign < cap_foreign) {
+			foreign[n_foreign++] = pool;
+			atomic_store_explicit(&foreign_count, n_foreign, memory_order_release);
+		}
+	}
+	pthread_mutex_unlock(&foreign_lock);
+}
+
+static void
+foreign_remove(CUmemoryPool pool)
+{
+	size_t at;
+
+	pthread_mutex_lock(&foreign_lock);
+	if (foreign_find(pool, &at)) {
+		foreign[at] = foreign[--n_foreign];
+		atomic_store_explicit(&foreign_count, n_foreign, memory_order_release);
+	}
+	pthread_mutex_unlock(&foreign_lock);
+}
+
+/* A pool handle the driver gave back while sop serves, remembered. (Only then: a forked child,
+ * where sop does not serve, must take no lock a thread of its parent may have held.) */
+static CUresult
+foreign_got(CUresult r, const CUmemoryPool *pool)
+{
+	if (r == CUDA_SUCCESS && pool)
+		foreign_add(*pool);
+	return r;
+}
+
+/* ---- Conversions ------------------------------------------------------------------------- */
+
+static inline sop_pool_t
+pool_sop(CUmemoryPool pool)
+{
+	return (sop_pool_t)(void *)pool;
+}
+
+static inline CUmemoryPool
+pool_cu(sop_pool_t pool)
+{
+	return (CUmemoryPool)(void *)pool;
+}
+
+static inline void *
+ptr_of(CUdeviceptr p)
+{
+	return (void *)(uintptr_t)p;
+}
+
+/* In a _ptsz entry point, NULL is the calling thread's default stream, as the driver reads it. */
+static inline CUstream
+per_thread(CUstream stream)
+{
+	return stream ? stream : CU_STREAM_PER_THREAD;
+}
+
+/* Whether addr lies in memory some sop pool reserved: a pointer there that sop refuses to free is
+ * a double or interior free, sop's to answer; any other is the driver's. */
+static bool
+sop_reserved(CUdeviceptr addr)
+{
+	struct sop__pin *pin = sop__pin();
+	bool found = sop__registry_lookup(addr) != NULL;
+
+	sop__unpin(pin);
+	return found;
+}
+
+/* ---- Allocation ------------------------------------------------------------------------- */
+
+/* The declarations cuda.h has only for programs built for per-thread default streams. */
+SOP_API CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+SOP_API CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
+SOP_API CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+						      CUmemoryPool pool, CUstream hStream);
+SOP_API CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream);
+SOP_API CUresult CUDAAPI cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
+SOP_API CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
+						     unsigned int flags);
+SOP_API CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent,
+						unsigned int Flags);
+
+/* From the current pool of stream's device (stream as sop reads it). CUDA_ERROR_NOT_SUPPORTED
+ * where sop cannot make that pool: the caller hands the call to the driver. */
+static CUresult
+alloc_current(CUdeviceptr *dptr, size_t size, CUstream stream)
+{
+	void *p;
+	CUresult r;
+
+	if (!dptr)
+		return CUDA_ERROR_INVALID_VALUE;
+	r = sop_malloc_async(&p, size, stream);
+	if (r == CUDA_SUCCESS)
+		*dptr = (CUdeviceptr)(uintptr_t)p;
+	return r;
+}
+
+static CUresult
+alloc_from(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream stream)
+{
+	void *p;
+	CUresult r;
+
+	if (!dptr)
+		return CUDA_ERROR_INVALID_VALUE;
+	r = sop_malloc_from_pool_async(&p, size, pool_sop(pool), stream);
+	if (r == CUDA_SUCCESS)
+		*dptr = (CUdeviceptr)(uintptr_t)p;
+	return r;
+}
+
+SOP_API CUresult CUDAAPI
+cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+	CUresult r;
+
+	if (serving() && (r = alloc_current(dptr, bytesize, hStream)) != CUDA_ERROR_NOT_SUPPORTED)
+		return r;
+	return FORWARD(cuMemAllocAsync, dptr, bytesize, hStream);
+}
+
+SOP_API CUresult CUDAAPI
+cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+	CUresult r;
+
+	if (serving() &&
+	    (r = alloc_current(dptr, bytesize, per_thread(hStream))) != CUDA_ERROR_NOT_SUPPORTED)
+		return r;
+	return FORWARD(cuMemAllocAsync_ptsz, dptr, bytesize, hStream);
+}
+
+SOP_API CUresult CUDAAPI
+cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+	if (serving() && !foreign_has(pool))
+		return alloc_from(dptr, bytesize, pool, hStream);
+	return FORWARD(cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream);
+}
+
+SOP_API CUresult CUDAAPI
+cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+			     CUstream hStream)
+{
+	if (serving() && !foreign_has(pool))
+		return alloc_from(dptr, bytesize, pool, per_thread(hStream));
+	return FORWARD(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, hStream);
+}
+
+SOP_API CUresult CUDAAPI
+cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+	CUresult r;
+
+	if (serving() && ((r = sop_free_async(ptr_of(dptr), hStream)) != CUDA_ERROR_INVALID_VALUE ||
+			  sop_reserved(dptr)))
+		return r;
+	return FORWARD(cuMemFreeAsync, dptr, hStream);
+}
+
+SOP_API CUresult CUDAAPI
+cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+	CUresult r;
+
+	if (serving() && ((r = sop_free_async(ptr_of(dptr), per_thread(hStream))) !=
+				  CUDA_ERROR_INVALID_VALUE ||
+			  sop_reserved(dptr)))
+		return r;
+	return FORWARD(cuMemFreeAsync_ptsz, dptr, hStream);
+}
+
+/* ---- Pools ------------------------------------------------------------------------------- */
+
+SOP_API CUresult CUDAAPI
+cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
+{
+	sop_pool_t p;
+	CUresult r;
+
+	if (!serving())
+		return FORWARD(cuMemPoolCreate, pool, poolProps);
+	if (!pool)
+		return CUDA_ERROR_INVALID_VALUE;
+	r = sop_pool_create(&p, poolProps);
+	if (r == CUDA_SUCCESS)
+		*pool = pool_cu(p);
+	else if (r == CUDA_ERROR_NOT_SUPPORTED)
+		r = foreign_got(FORWARD(cuMemPoolCreate, pool, poolProps), pool);
+	return r;
+}
+
+SOP_API CUresult CUDAAPI
+cuMemPoolDestroy(CUmemoryPool pool)
+{
+	CUresult r;
+
+	if (!serving())
+		return FORWARD(cuMemPoolDestroy, pool);
+	if (!foreign_has(pool))
+		return sop_pool_destroy(pool_sop(pool));
+	r = FORWARD(cuMemPoolDestroy, pool);
+	if (r == CUDA_SUCCESS)
+		foreign_remove(pool);
+	return r;
+}
+
+SOP_API CUresult CUDAAPI
+cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+	if (serving() && !foreign_has(pool))
+		return sop_trim_to(pool_sop(pool), minBytesToKeep);
+	return FORWARD(cuMemPoolTrimTo, pool, minBytesToKeep);
+}
+
+SOP_API CUresult CUDAAPI
+cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+	if (serving() && !foreign_has(pool))
+		return sop_pool_set_attr(pool_sop(pool), attr, value);
+	return FORWARD(cuMemPoolSetAttribute, pool, attr, value);
+}
+
+SOP_API CUresult CUDAAPI
+cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+	if (serving() && !foreign_has(pool))
+		return sop_pool_get_attr(pool_sop(pool), attr, value);
+	return FORWARD(cuMemPoolGetAttribute, pool, attr, value);
+}
+
+SOP_API CUresult CUDAAPI
+cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count)
+{
+	if (serving() && !foreign_has(pool))
+		return sop_pool_set_access(pool_sop(pool), map, count);
+	return FORWARD(cuMemPoolSetAccess, pool, map, count);
+}
+
+SOP_API CUresult CUDAAPI
+cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool memPool, CUmemLocation *location)
+{
+	if (serving() && !foreign_has(memPool))
+		return sop_pool_get_access(flags, pool_sop(memPool), location);
+	return FORWARD(cuMemPoolGetAccess, flags, memPool, location);
+}
+
+/* IPC is not in sop yet: sop's pools and memory refuse it, where the driver, handed a sop handle,
+ * would take it for one of its own. Pools and pointers the driver made are the driver's, pools
+ * imported from another process among them. */
+SOP_API CUresult CUDAAPI
+cuMemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool,
+				 CUmemAllocationHandleType handleType, unsigned long long flags)
+{
+	if (serving() && !foreign_has(pool))
+		return CUDA_ERROR_NOT_SUPPORTED;
+	return FORWARD(cuMemPoolExportToShareableHandle, handle_out, pool, handleType, flags);
+}
+
+SOP_API CUresult CUDAAPI
+cuMemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle,
+				   CUmemAllocationHandleType handleType, unsigned long long flags)
+{
+	if (!serving())
+		return FORWARD(cuMemPoolImportFromShareableHandle, pool_out, handle, handleType,
+			       flags);
+	return foreign_got(FORWARD(cuMemPoolImportFromShareableHandle, pool_out, handle,
+				   handleType, flags),
+			   pool_out);
+}
+
+SOP_API CUresult CUDAAPI
+cuMemPoolExportPointer(CUmemPoolPtrExportData *shareData_out, CUdeviceptr ptr)
+{
+	if (serving() && sop_reserved(ptr))
+		return CUDA_ERROR_NOT_SUPPORTED;
+	return FORWARD(cuMemPoolExportPointer, shareData_out, ptr);
+}
+
+SOP_API CUresult CUDAAPI
+cuMemPoolImportPointer(CUdeviceptr *ptr_out, CUmemoryPool pool,
+		       CUmemPoolPtrExportData *shareData)
+{
+	if (serving() && !foreign_has(pool))
+		return CUDA_ERROR_NOT_SUPPORTED;
+	return FORWARD(cuMemPoolImportPointer, ptr_out, pool, shareData);
+}
+
+/* ---- Default and current pools ----------------------------------------------------------- */
+
+/* A device's default or current pool from sop; CUDA_ERROR_NOT_SUPPORTED where sop cannot make
+ * it (the caller asks the driver). Serving. */
+static CUresult
+device_pool(CUmemoryPool *out, CUdevice dev, bool current)
+{
+	sop_pool_t p;
+	CUresult r;
+
+	if (!out)
+		return CUDA_ERROR_INVALID_VALUE;
+	r = current ? sop_device_get_pool(&p, dev) : sop_device_get_default_pool(&p, dev);
+	if (r == CUDA_SUCCESS)
+		*out = pool_cu(p);
+	return r;
+}
+
+/* Make pool the device's current pool. A pool the driver made may be current only on a device
+ * sop does not serve: where sop serves the device, its allocations come from sop's current pool,
+ * and the driver's would never be used. Serving. */
+static CUresult
+device_set_pool(CUdevice dev, CUmemoryPool pool, bool *forward)
+{
+	sop_pool_t current;
+
+	*forward = false;
+	if (!foreign_has(pool))
+		return sop_device_set_pool(dev, pool_sop(pool));
+	if (sop_device_get_pool(&current, dev) == CUDA_SUCCESS)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	*forward = true;
+	return CUDA_SUCCESS;
+}
+
+/* A location the pools of sop stand for: device memory, pinned. */
+static inline bool
+location_sop(const CUmemLocation *location, CUmemAllocationType type)
+{
+	return location && location->type == CU_MEM_LOCATION_TYPE_DEVICE &&
+	       type == CU_MEM_ALLOCATION_TYPE_PINNED;
+}
+
+SOP_API CUresult CUDAAPI
+cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+{
+	CUresult r;
+
+	if (!serving())
+		return FORWARD(cuDeviceGetDefaultMemPool, pool_out, dev);
+	r = device_pool(pool_out, dev, false);
+	if (r == CUDA_ERROR_NOT_SUPPORTED)
+		r = foreign_got(FORWARD(cuDeviceGetDefaultMemPool, pool_out, dev), pool_out);
+	return r;
+}
+
+SOP_API CUresult CUDAAPI
+cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+	CUresult r;
+
+	if (!serving())
+		return FORWARD(cuDeviceGetMemPool, pool, dev);
+	r = device_pool(pool, dev, true);
+	if (r == CUDA_ERROR_NOT_SUPPORTED)
+		r = foreign_got(FORWARD(cuDeviceGetMemPool, pool, dev), pool);
+	return r;
+}
+
+SOP_API CUresult CUDAAPI
+cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+	bool forward = true;
+	CUresult r = CUDA_SUCCESS;
+
+	if (serving())
+		r = device_set_pool(dev, pool, &forward);
+	return forward ? FORWARD(cuDeviceSetMemPool, dev, pool) : r;
+}
+
+SOP_API CUresult CUDAAPI
+cuMemGetDefaultMemPool(CUmemoryPool *pool_out, CUmemLocation *location, CUmemAllocationType type)
+{
+	CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+
+	if (!serving())
+		return FORWARD(cuMemGetDefaultMemPool, pool_out, location, type);
+	if (location_sop(location, type))
+		r = device_pool(pool_out, location->id, false);
+	if (r == CUDA_ERROR_NOT_SUPPORTED)
+		r = foreign_got(FORWARD(cuMemGetDefaultMemPool, pool_out, location, type),
+				pool_out);
+	return r;
+}
+
+SOP_API CUresult CUDAAPI
+cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *location, CUmemAllocationType type)
+{
+	CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+
+	if (!serving())
+		return FORWARD(cuMemGetMemPool, pool, location, type);
+	if (location_sop(location, type))
+		r = device_pool(pool, location->id, true);
+	if (r == CUDA_ERROR_NOT_SUPPORTED)
+		r = foreign_got(FORWARD(cuMemGetMemPool, pool, location, type), pool);
+	return r;
+}
+
+SOP_API CUresult CUDAAPI
+cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type, CUmemoryPool pool)
+{
+	bool forward = true;
+	CUresult r = CUDA_SUCCESS;
+
+	if (serving() && location_sop(location, type))
+		r = device_set_pool(location->id, pool, &forward);
+	return forward ? FORWARD(cuMemSetMemPool, location, type, pool) : r;
+}
+
+/* ---- Synchronization points --------------------------------------------------------------- */
+
+SOP_API CUresult CUDAAPI
+cuStreamSynchronize(CUstream hStream)
+{
+	return serving() ? sop_stream_synchronize(hStream) : FORWARD(cuStreamSynchronize, hStream);
+}
+
+SOP_API CUresult CUDAAPI
+cuStreamSynchronize_ptsz(CUstream hStream)
+{
+	return serving() ? sop_stream_synchronize(per_thread(hStream))
+			 : FORWARD(cuStreamSynchronize_ptsz, hStream);
+}
+
+SOP_API CUresult CUDAAPI
+cuEventSynchronize(CUevent hEvent)
+{
+	return serving() ? sop_event_synchronize(hEvent) : FORWARD(cuEventSynchronize, hEvent);
+}
+
+SOP_API CUresult CUDAAPI
+cuCtxSynchronize(void)
+{
+	if (serving())
+		return sop_ctx_synchronize();
+	return drv.cuCtxSynchronize ? drv.cuCtxSynchronize() : drv_missing();
+}
+
+/* CUDA 13's, which names the context. sop synchronizes the current one; another context (a green
+ * context, or one not current on this thread) goes to the driver, and sop learns nothing: its
+ * frees there become reusable later, never earlier. */
+SOP_API CUresult CUDAAPI
+cuCtxSynchronize_v2(CUcontext ctx)
+{
+	CUcontext current = NULL;
+
+	if (serving() &&
+	    (!ctx || (drv.cuCtxGetCurrent && drv.cuCtxGetCurrent(&current) == CUDA_SUCCESS &&
+		      current == ctx)))
+		return sop_ctx_synchronize();
+	return FORWARD(cuCtxSynchronize_v2, ctx);
+}
+
+SOP_API CUresult CUDAAPI
+cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+	return serving() ? sop_event_record(hEvent, hStream)
+			 : FORWARD(cuEventRecord, hEvent, hStream);
+}
+
+SOP_API CUresult CUDAAPI
+cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
+{
+	return serving() ? sop_event_record(hEvent, per_thread(hStream))
+			 : FORWARD(cuEventRecord_ptsz, hEvent, hStream);
+}
+
+/* sop_event_record takes no flags: a record with flags (CU_EVENT_RECORD_EXTERNAL, for graphs)
+ * goes to the driver and tells sop nothing, which is safe: a wait on the event then makes no
+ * memory reusable early. */
+SOP_API CUresult CUDAAPI
+cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
+{
+	if (!flags && serving())
+		return sop_event_record(hEvent, hStream);
+	return FORWARD(cuEventRecordWithFlags, hEvent, hStream, flags);
+}
+
+SOP_API CUresult CUDAAPI
+cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags)
+{
+	if (!flags && serving())
+		return sop_event_record(hEvent, per_thread(hStream));
+	return FORWARD(cuEventRecordWithFlags_ptsz, hEvent, hStream, flags);
+}
+
+SOP_API CUresult CUDAAPI
+cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+	return serving() ? sop_stream_wait_event(hStream, hEvent, Flags)
+			 : FORWARD(cuStreamWaitEvent, hStream, hEvent, Flags);
+}
+
+SOP_API CUresult CUDAAPI
+cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+	return serving() ? sop_stream_wait_event(per_thread(hStream), hEvent, Flags)
+			 : FORWARD(cuStreamWaitEvent_ptsz, hStream, hEvent, Flags);
+}
+
+/* cuda.h's cuStreamDestroy and cuEventDestroy are the _v2 symbols. */
+SOP_API CUresult CUDAAPI
+cuStreamDestroy(CUstream hStream)
+{
+	return serving() ? sop_stream_destroy(hStream) : FORWARD(cuStreamDestroy_v2, hStream);
+}
+
+SOP_API CUresult CUDAAPI
+cuEventDestroy(CUevent hEvent)
+{
+	return serving() ? sop_event_destroy(hEvent) : FORWARD(cuEventDestroy_v2, hEvent);
+}
+
+/* ---- Lookups ---------------------------------------------------------------------------- */
+
+typedef void (*fn_t)(void);
+
+SOP_API CUresult CUDAAPI proc_address_v1(const char *symbol, void **pfn, int cudaVersion,
+					 cuuint64_t flags) __asm__("cuGetProcAddress");
+
+/* Every function above by the symbol it is exported as: what dlsym gives for that name. */
+static const struct {
+	const char *symbol;
+	fn_t fn;
+} hooks[] = {
+	{"cuGetProcAddress", (fn_t)proc_address_v1},
+	{"cuGetProcAddress_v2", (fn_t)cuGetProcAddress_v2},
+	{"cuMemAllocAsync", (fn_t)cuMemAllocAsync},
+	{"cuMemAllocAsync_ptsz", (fn_t)cuMemAllocAsync_ptsz},
+	{"cuMemFreeAsync", (fn_t)cuMemFreeAsync},
+	{"cuMemFreeAsync_ptsz", (fn_t)cuMemFreeAsync_ptsz},
+	{"cuMemAllocFromPoolAsync", (fn_t)cuMemAllocFromPoolAsync},
+	{"cuMemAllocFromPoolAsync_ptsz", (fn_t)cuMemAllocFromPoolAsync_ptsz},
+	{"cuMemPoolCreate", (fn_t)cuMemPoolCreate},
+	{"cuMemPoolDestroy", (fn_t)cuMemPoolDestroy},
+	{"cuMemPoolTrimTo", (fn_t)cuMemPoolTrimTo},
+	{"cuMemPoolSetAttribute", (fn_t)cuMemPoolSetAttribute},
+	{"cuMemPoolGetAttribute", (fn_t)cuMemPoolGetAttribute},
+	{"cuMemPoolSetAccess", (fn_t)cuMemPoolSetAccess},
+	{"cuMemPoolGetAccess", (fn_t)cuMemPoolGetAccess},
+	{"cuMemPoolExportToShareableHandle", (fn_t)cuMemPoolExportToShareableHandle},
+	{"cuMemPoolImportFromShareableHandle", (fn_t)cuMemPoolImportFromShareableHandle},
+	{"cuMemPoolExportPointer", (fn_t)cuMemPoolExportPointer},
+	{"cuMemPoolImportPointer", (fn_t)cuMemPoolImportPointer},
+	{"cuDeviceGetDefaultMemPool", (fn_t)cuDeviceGetDefaultMemPool},
+	{"cuDeviceGetMemPool", (fn_t)cuDeviceGetMemPool},
+	{"cuDeviceSetMemPool", (fn_t)cuDeviceSetMemPool},
+	{"cuMemGetDefaultMemPool", (fn_t)cuMemGetDefaultMemPool},
+	{"cuMemGetMemPool", (fn_t)cuMemGetMemPool},
+	{"cuMemSetMemPool", (fn_t)cuMemSetMemPool},
+	{"cuStreamSynchronize", (fn_t)cuStreamSynchronize},
+	{"cuStreamSynchronize_ptsz", (fn_t)cuStreamSynchronize_ptsz},
+	{"cuEventSynchronize", (fn_t)cuEventSynchronize},
+	{"cuCtxSynchronize", (fn_t)cuCtxSynchronize},
+	{"cuCtxSynchronize_v2", (fn_t)cuCtxSynchronize_v2},
+	{"cuEventRecord", (fn_t)cuEventRecord},
+	{"cuEventRecord_ptsz", (fn_t)cuEventRecord_ptsz},
+	{"cuEventRecordWithFlags", (fn_t)cuEventRecordWithFlags},
+	{"cuEventRecordWithFlags_ptsz", (fn_t)cuEventRecordWithFlags_ptsz},
+	{"cuStreamWaitEvent", (fn_t)cuStreamWaitEvent},
+	{"cuStreamWaitEvent_ptsz", (fn_t)cuStreamWaitEvent_ptsz},
+	{"cuStreamDestroy_v2", (fn_t)cuStreamDestroy},
+	{"cuEventDestroy_v2", (fn_t)cuEventDestroy},
+};
+
+/* What cuGetProcAddress gives for a base name: from version `since` on (cudaTypedefs.h's
+ * PFN_<name>_v<since>), the function of that ABI, and its _ptsz variant where it has one. Rows of
+ * one name in ascending versions; a NULL function leaves that version to the driver. */
+static const struct {
+	const char *name;
+	int since;
+	fn_t legacy, ptsz;
+} routes[] = {
+	{"cuGetProcAddress", 11030, (fn_t)proc_address_v1, NULL},
+	{"cuGetProcAddress", 12000, (fn_t)cuGetProcAddress_v2, NULL},
+	{"cuMemAllocAsync", 11020, (fn_t)cuMemAllocAsync, (fn_t)cuMemAllocAsync_ptsz},
+	{"cuMemFreeAsync", 11020, (fn_t)cuMemFreeAsync, (fn_t)cuMemFreeAsync_ptsz},
+	{"cuMemAllocFromPoolAsync", 11020, (fn_t)cuMemAllocFromPoolAsync,
+	 (fn_t)cuMemAllocFromPoolAsync_ptsz},
+	{"cuMemPoolCreate", 11020, (fn_t)cuMemPoolCreate, NULL},
+	{"cuMemPoolDestroy", 11020, (fn_t)cuMemPoolDestroy, NULL},
+	{"cuMemPoolTrimTo", 11020, (fn_t)cuMemPoolTrimTo, NULL},
+	{"cuMemPoolSetAttribute", 11020, (fn_t)cuMemPoolSetAttribute, NULL},
+	{"cuMemPoolGetAttribute", 11020, (fn_t)cuMemPoolGetAttribute, NULL},
+	{"cuMemPoolSetAccess", 11020, (fn_t)cuMemPoolSetAccess, NULL},
+	{"cuMemPoolGetAccess", 11020, (fn_t)cuMemPoolGetAccess, NULL},
+	{"cuMemPoolExportToShareableHandle", 11020, (fn_t)cuMemPoolExportToShareableHandle, NULL},
+	{"cuMemPoolImportFromShareableHandle", 11020, (fn_t)cuMemPoolImportFromShareableHandle,
+	 NULL},
+	{"cuMemPoolExportPointer", 11020, (fn_t)cuMemPoolExportPointer, NULL},
+	{"cuMemPoolImportPointer", 11020, (fn_t)cuMemPoolImportPointer, NULL},
+	{"cuDeviceGetDefaultMemPool", 11020, (fn_t)cuDeviceGetDefaultMemPool, NULL},
+	{"cuDeviceGetMemPool", 11020, (fn_t)cuDeviceGetMemPool, NULL},
+	{"cuDeviceSetMemPool", 11020, (fn_t)cuDeviceSetMemPool, NULL},
+	{"cuMemGetDefaultMemPool", 13000, (fn_t)cuMemGetDefaultMemPool, NULL},
+	{"cuMemGetMemPool", 13000, (fn_t)cuMemGetMemPool, NULL},
+	{"cuMemSetMemPool", 13000, (fn_t)cuMemSetMemPool, NULL},
+	{"cuStreamSynchronize", 2000, (fn_t)cuStreamSynchronize, (fn_t)cuStreamSynchronize_ptsz},
+	{"cuEventSynchronize", 2000, (fn_t)cuEventSynchronize, NULL},
+	{"cuCtxSynchronize", 2000, (fn_t)cuCtxSynchronize, NULL},
+	{"cuCtxSynchronize", 13000, (fn_t)cuCtxSynchronize_v2, NULL},
+	{"cuEventRecord", 2000, (fn_t)cuEventRecord, (fn_t)cuEventRecord_ptsz},
+	{"cuEventRecordWithFlags", 11010, (fn_t)cuEventRecordWithFlags,
+	 (fn_t)cuEventRecordWithFlags_ptsz},
+	{"cuStreamWaitEvent", 3020, (fn_t)cuStreamWaitEvent, (fn_t)cuStreamWaitEvent_ptsz},
+	/* Before 4000, the v1 entry points, which sop does not wrap. */
+	{"cuStreamDestroy", 2000, NULL, NULL},
+	{"cuStreamDestroy", 4000, (fn_t)cuStreamDestroy, NULL},
+	{"cuEventDestroy", 2000, NULL, NULL},
+	{"cuEventDestroy", 4000, (fn_t)cuEventDestroy, NULL},
+};
+
+static fn_t
+hook_by_symbol(const char *symbol)
+{
+	size_t i;
+
+	for (i = 0; i < sizeof hooks / sizeof hooks[0]; i++)
+		if (!strcmp(hooks[i].symbol, symbol))
+			return hooks[i].fn;
+	return NULL;
+}
+
+/* The function for a cuGetProcAddress request: by base name, version and flags; else by the
+ * exported symbol, which names its ABI; NULL for a name the interposer leaves alone. */
+static fn_t
+hook_by_request(const char *symbol, int version, cuuint64_t flags)
+{
+	bool named = false, ptsz = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+	fn_t fn = NULL;
+	size_t i;
+
+	for (i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+		if (strcmp(routes[i].name, symbol))
+			continue;
+		named = true;
+		if (routes[i].since <= version)
+			fn = ptsz && routes[i].ptsz ? routes[i].ptsz : routes[i].legacy;
+	}
+	return named ? fn : hook_by_symbol(symbol);
+}
+
+/* The driver's lookup, by whichever ABI the program called. */
+static CUresult
+proc_lookup(const char *symbol, void **pfn, int version, cuuint64_t flags,
+	    CUdriverProcAddressQueryResult *status, bool v2)
+{
+	if (v2)
+		return FORWARD(cuGetProcAddress_v2, symbol, pfn, version, flags, status);
+	return FORWARD(cuGetProcAddress_v1, symbol, pfn, version, flags);
+}
+
+/* After the driver found *pfn: sop's function instead, where sop takes the entry point over. A
+ * version newer than the cuda.h this was built with may have brought a new ABI that sop's
+ * function does not have: sop's is given only if the driver's answer is the function it gives
+ * for the newest version sop knows (CUDA_VERSION), that is, if the ABI has not changed since. */
+static void
+proc_hook(const char *symbol, void **pfn, int version, cuuint64_t flags, bool v2)
+{
+	fn_t fn = hook_by_request(symbol, version, flags);
+	void *known = NULL;
+
+	if (!fn)
+		return;
+	if (version > CUDA_VERSION &&
+	    (proc_lookup(symbol, &known, CUDA_VERSION, flags, NULL, v2) != CUDA_SUCCESS ||
+	     known != *pfn))
+		return;
+	memcpy(pfn, &fn, sizeof *pfn);
+}
+
+SOP_API CUresult CUDAAPI
+proc_address_v1(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+	CUresult r;
+
+	drv_ensure();
+	r = proc_lookup(symbol, pfn, cudaVersion, flags, NULL, false);
+	if (r == CUDA_SUCCESS && symbol && pfn && *pfn)
+		proc_hook(symbol, pfn, cudaVersion, flags, false);
+	return r;
+}
+
+SOP_API CUresult CUDAAPI
+cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+		    CUdriverProcAddressQueryResult *symbolStatus)
+{
+	CUresult r;
+
+	drv_ensure();
+	r = proc_lookup(symbol, pfn, cudaVersion, flags, symbolStatus, true);
+	if (r == CUDA_SUCCESS && symbol && pfn && *pfn)
+		proc_hook(symbol, pfn, cudaVersion, flags, true);
+	return r;
+}
+
+/* glibc's dlsym finds RTLD_NEXT and RTLD_DEFAULT from its caller's address: the call to it must
+ * be a tail call, so that the caller it sees is the program's. GCC makes it one when it optimizes
+ * sibling calls, which the attribute turns on in unoptimized builds too; clang is told. A test
+ * (test/preload.c) checks it. */
+#if defined(__clang__)
+#define PRELOAD_SIBLING_CALLS
+#define PRELOAD_TAIL __attribute__((musttail))
+#else
+#define PRELOAD_SIBLING_CALLS __attribute__((optimize("O2")))
+#define PRELOAD_TAIL
+#endif
+
+/* Names the interposer takes over come from a library's handle as its functions, where the
+ * library has the symbol at all. RTLD_DEFAULT finds them as this library's exports anyway (it
+ * comes first), and RTLD_NEXT keeps its meaning: both go straight to glibc, as every other name
+ * does. */
+SOP_API PRELOAD_SIBLING_CALLS void *
+dlsym(void *restrict handle, const char *restrict name)
+{
+	dlsym_fn real = dlsym_real();
+	fn_t fn;
+	void *p;
+
+	if (SOP_UNLIKELY(!real))
+		return NULL;
+	if (handle != RTLD_DEFAULT && handle != RTLD_NEXT && name[0] == 'c' && name[1] == 'u' &&
+	    (fn = hook_by_symbol(name))) {
+		if (!real(handle, name))
+			return NULL;
+		memcpy(&p, &fn, sizeof p);
+		return p;
+	}
+	PRELOAD_TAIL return real(handle, name);
+}

@@ -1,0 +1,25 @@
+#!/bin/sh
+# sop-run from the build tree: it preloads the interposer ahead of what LD_PRELOAD held, passes
+# the command's exit status on, honours SOP_PRELOAD, refuses a library that is not there and a
+# missing command. Usage: sop-run.sh SOP-RUN TEST-PRELOAD
+set -u
+run=$1
+prog=$2
+fail() {
+	echo "sop-run: $*" >&2
+	exit 1
+}
+
+"$run" "$prog" --quick || fail "the program under sop-run failed"
+"$run" sh -c 'exit 3'
+[ $? -eq 3 ] || fail "the command's exit status is not passed on"
+got=$(LD_PRELOAD=/nonexistent/other.so "$run" sh -c 'printf %s "$LD_PRELOAD"' 2>/dev/null)
+case $got in
+/*/libsop-preload.so:/nonexistent/other.so) ;;
+*) fail "LD_PRELOAD is '$got'" ;;
+esac
+SOP_PRELOAD=/nonexistent/libsop-preload.so "$run" true 2>/dev/null
+[ $? -eq 127 ] || fail "a library that is not there is accepted"
+"$run" 2>/dev/null
+[ $? -eq 2 ] || fail "no usage error without a command"
+echo "sop-run: ok"
