@@ -243,7 +243,8 @@ driver_pools_untouched(void)
 
 	for (i = 0; i < sizeof names / sizeof names[0]; i++)
 		EQ(drv_calls(names[i]), 0);
-	EQ(drv_calls("cuMemAllocFromPoolAsync"), driver_pool_allocs);
+	if (sim) /* a real driver's calls are not counted */
+		EQ(drv_calls("cuMemAllocFromPoolAsync"), driver_pool_allocs);
 }
 
 /* ---- (a) libcuda's symbols ----------------------------------------------------------------- */
@@ -402,17 +403,19 @@ static const struct lookup hooked_lookups[] = {
 	{"cuMemGetMemPool", 13000, 0, "cuMemGetMemPool"},
 	{"cuMemSetMemPool", 13000, 0, "cuMemSetMemPool"},
 	{"cuStreamSynchronize", 2000, 0, "cuStreamSynchronize"},
-	{"cuStreamSynchronize", 2000, PTDS, "cuStreamSynchronize_ptsz"},
+	/* The per-thread variants of the oldest entry points exist from CUDA 7.0: asked at an
+	 * older version, the driver (580) answers VERSION_NOT_SUFFICIENT. */
+	{"cuStreamSynchronize", 7000, PTDS, "cuStreamSynchronize_ptsz"},
 	{"cuEventSynchronize", 2000, PTDS, "cuEventSynchronize"},
 	{"cuCtxSynchronize", 2000, 0, "cuCtxSynchronize"},
 	{"cuCtxSynchronize", 12080, 0, "cuCtxSynchronize"},
 	{"cuCtxSynchronize", 13000, 0, "cuCtxSynchronize_v2"},
 	{"cuEventRecord", 2000, 0, "cuEventRecord"},
-	{"cuEventRecord", 2000, PTDS, "cuEventRecord_ptsz"},
+	{"cuEventRecord", 7000, PTDS, "cuEventRecord_ptsz"},
 	{"cuEventRecordWithFlags", 11010, 0, "cuEventRecordWithFlags"},
 	{"cuEventRecordWithFlags", 11010, PTDS, "cuEventRecordWithFlags_ptsz"},
 	{"cuStreamWaitEvent", 3020, 0, "cuStreamWaitEvent"},
-	{"cuStreamWaitEvent", 3020, PTDS, "cuStreamWaitEvent_ptsz"},
+	{"cuStreamWaitEvent", 7000, PTDS, "cuStreamWaitEvent_ptsz"},
 	{"cuStreamDestroy", 4000, 0, "cuStreamDestroy_v2"},
 	{"cuEventDestroy", 4000, 0, "cuEventDestroy_v2"},
 	{"cuGetProcAddress", 11030, 0, "cuGetProcAddress"},
@@ -448,6 +451,7 @@ static void
 test_proc_address(void)
 {
 	CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;
+	int bad_status = 0;
 	CUdeviceptr p;
 	size_t i;
 	void *fn;
@@ -471,27 +475,40 @@ test_proc_address(void)
 			fn = NULL;
 			status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
 			OK(lookup(way, l->name, &fn, l->version, l->flags, &status));
-			if (way == BY_V2 || way == BY_GOT_V2)
-				EQ(status, CU_GET_PROC_ADDRESS_SUCCESS);
+			if ((way == BY_V2 || way == BY_GOT_V2) &&
+			    status != CU_GET_PROC_ADDRESS_SUCCESS) {
+				fprintf(stderr, "way %d: %s (%d, %d): status %d\n", way, l->name,
+					l->version, (int)l->flags, (int)status);
+				bad_status++;
+				continue;
+			}
 			if (!in_preload(fn, l->want)) {
 				fprintf(stderr, "way %d: %s (%d, %d) is not the preload's %s\n",
 					way, l->name, l->version, (int)l->flags, l->want);
 				exit(1);
 			}
 		}
+		CHECK(!bad_status);
 		/* Names the interposer leaves alone, and versions the driver does not have. */
 		fn = NULL;
 		OK(lookup(way, "cuStreamCreate", &fn, 2000, 0, &status));
 		CHECK(fn && !in_preload(fn, NULL));
+		/* A version too old for the entry point: no function through v2, whatever the code
+		 * (the simulated driver fails the call; the driver of 580 returns CUDA_SUCCESS, the
+		 * status saying why there is none). Its v1 lookup answers with another function of
+		 * its own there, not the one it gives at 11020: an ABI sop cannot know, left as
+		 * the driver gave it. */
 		fn = FN_PTR(cuStreamCreate);
-		CHECK(lookup(way, "cuMemAllocAsync", &fn, 11000, 0, &status) != CUDA_SUCCESS);
-		CHECK(fn == NULL);
-		if (way == BY_V2 || way == BY_GOT_V2)
+		(void)lookup(way, "cuMemAllocAsync", &fn, 11000, 0, &status);
+		CHECK(!fn || !in_preload(fn, NULL));
+		if (way == BY_V2 || way == BY_GOT_V2) {
+			CHECK(fn == NULL);
 			EQ(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+		}
 		fn = NULL;
-		CHECK(lookup(way, "cuMemGetMemPool", &fn, 12080, 0, &status) != CUDA_SUCCESS);
+		(void)lookup(way, "cuMemGetMemPool", &fn, 12080, 0, &status);
 		CHECK(fn == NULL);
-		CHECK(lookup(way, "cuNoSuchEntryPoint", &fn, 13000, 0, &status) != CUDA_SUCCESS);
+		(void)lookup(way, "cuNoSuchEntryPoint", &fn, 13000, 0, &status);
 		CHECK(fn == NULL);
 		/* Versions newer than the interposer's headers (on the simulated driver, which
 		 * answers them as described in its README): the interposer's function where the
@@ -644,10 +661,15 @@ test_sync(void)
 	OK(cuStreamCreate(&s3, CU_STREAM_NON_BLOCKING));
 	VIA_SOP(cuStreamDestroy(s3), "cuStreamDestroy", NULL);
 
-	/* A record with flags is the driver's alone (sop_event_record has none). */
+	/* A record with flags is the driver's alone (sop_event_record has none), whatever it
+	 * answers: the driver of 580 refuses an external record outside a capture
+	 * (CUDA_ERROR_ILLEGAL_STATE), the simulated one takes it. */
 	n = sop_calls("cuEventRecord");
 	d = drv_calls("cuEventRecordWithFlags");
-	OK(cuEventRecordWithFlags(ev, s1, CU_EVENT_RECORD_EXTERNAL));
+	{
+		CUresult r = cuEventRecordWithFlags(ev, s1, CU_EVENT_RECORD_EXTERNAL);
+		CHECK(r == CUDA_SUCCESS || (!sim && r == CUDA_ERROR_ILLEGAL_STATE));
+	}
 	EQ(sop_calls("cuEventRecord"), n);
 	if (sim)
 		EQ(drv_calls("cuEventRecordWithFlags"), d + 1);

@@ -1,0 +1,64 @@
+# frameworks.py FRAMEWORK: a short run of a real framework on its stream-ordered allocator (PyTorch
+# with backend:cudaMallocAsync, CuPy's MemoryAsyncPool, JAX with cuda_async), printing its result
+# and whether sop owns the memory it allocated (sop_pointer_get_pool, found in the process when
+# the interposer is loaded; None without it). test/gpu-frameworks.sh runs it with and without
+# sop-run and compares.
+import ctypes, os, sys
+which = sys.argv[1]
+under_sop = os.environ.get("LD_PRELOAD", "").find("libsop-preload") >= 0
+
+def sop_owns(ptr):
+    try:
+        lib = ctypes.CDLL(None)
+        f = lib.sop_pointer_get_pool
+    except (OSError, AttributeError):
+        return None
+    pool = ctypes.c_void_p()
+    return f(ctypes.byref(pool), ctypes.c_void_p(ptr)) == 0
+
+if which == "torch":
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    for step in range(30):
+        n = int(torch.randint(16, 257, (1,), generator=g))
+        x = torch.randn(n, 512, generator=g).cuda()
+        loss = (model(x) - x).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+    torch.cuda.synchronize()
+    w = model[0].weight
+    st = torch.cuda.memory_stats()
+    print("torch: backend", torch.cuda.get_allocator_backend(), "loss %.6f" % loss.item(),
+          "reserved", st.get("reserved_bytes.all.peak"), "sop owns weight:", sop_owns(w.data_ptr()))
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y = torch.ones(1 << 20, device="cuda") * 2
+    s.synchronize()
+    print("torch: side stream sum", y.sum().item(), "sop owns:", sop_owns(y.data_ptr()))
+elif which == "cupy":
+    import cupy as cp
+    cp.cuda.set_allocator(cp.cuda.MemoryAsyncPool().malloc)
+    rs = cp.random.RandomState(0)
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(4)]
+    total = 0.0
+    for i in range(200):
+        with streams[i % 4]:
+            n = 1000 + (i * 37) % 3000
+            a = rs.standard_normal((n,), dtype=cp.float32)
+            total += float((a * a).sum())
+    for s in streams: s.synchronize()
+    b = cp.arange(1 << 20, dtype=cp.float32)
+    print("cupy: total %.3f" % total, "sop owns:", sop_owns(b.data.ptr))
+elif which == "jax":
+    import jax, jax.numpy as jnp
+    @jax.jit
+    def f(x): return jnp.tanh(x @ x.T).sum()
+    tot = 0.0
+    for n in (128, 256, 512, 1024, 256):
+        x = jnp.ones((n, n), dtype=jnp.float32) / n
+        tot += float(f(x))
+    y = jnp.ones((1 << 20,), dtype=jnp.float32)
+    ptr = y.unsafe_buffer_pointer() if hasattr(y, "unsafe_buffer_pointer") else None
+    print("jax: total %.4f" % tot, "sop owns:", sop_owns(ptr) if ptr else "n/a")
