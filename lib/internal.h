@@ -651,8 +651,7 @@ CUresult sop__stream_id(CUstream stream, uint64_t *id);
 CUresult sop__stream_of(CUstream stream, uint64_t id, bool hold, struct sop__stream **out);
 /* Both: the record of the stream a handle names now. */
 CUresult sop__stream_lookup(CUstream stream, bool hold, struct sop__stream **out);
-/* Hold a record the caller can read (found while pinned, or held already); let it go. */
-void sop__stream_hold(struct sop__stream *st);
+/* Let go of a record held through sop__stream_of, sop__stream_find or sop__stream_all. */
 void sop__stream_release(struct sop__stream *st);
 /* The record of this incarnation, held; NULL if it is gone. */
 struct sop__stream *sop__stream_find(uint64_t id, uint64_t gen);

@@ -129,6 +129,13 @@ stream_describe(CUstream stream, struct sop__stream *st)
 	return CUDA_SUCCESS;
 }
 
+/* Hold a record: the sweep takes out none that is held. Shard lock held, or held already. */
+static void
+stream_hold(struct sop__stream *st)
+{
+	atomic_fetch_add_explicit(&st->refs, 1, memory_order_relaxed);
+}
+
 /* The record of id in its shard, marked used. Shard lock held. */
 static struct sop__stream *
 stream_find_locked(unsigned h, uint64_t id)
@@ -207,7 +214,7 @@ sop__stream_of(CUstream stream, uint64_t id, bool hold, struct sop__stream **out
 	pthread_mutex_lock(&shards[sh].lock);
 	st = stream_find_locked(h, id);
 	if (st && hold)
-		sop__stream_hold(st);
+		stream_hold(st);
 	pthread_mutex_unlock(&shards[sh].lock);
 	if (st) {
 		*out = st;
@@ -236,7 +243,7 @@ sop__stream_of(CUstream stream, uint64_t id, bool hold, struct sop__stream **out
 		atomic_fetch_add(&n_seen, 1);
 	}
 	if (hold)
-		sop__stream_hold(had ? had : st);
+		stream_hold(had ? had : st);
 	pthread_mutex_unlock(&shards[sh].lock);
 	if (had) {
 		pthread_mutex_destroy(&st->lock);
@@ -259,11 +266,6 @@ sop__stream_lookup(CUstream stream, bool hold, struct sop__stream **out)
 	return r == CUDA_SUCCESS ? sop__stream_of(stream, id, hold, out) : r;
 }
 
-void
-sop__stream_hold(struct sop__stream *st)
-{
-	atomic_fetch_add_explicit(&st->refs, 1, memory_order_relaxed);
-}
 
 void
 sop__stream_release(struct sop__stream *st)
@@ -284,7 +286,7 @@ sop__stream_find(uint64_t id, uint64_t gen)
 	if (st && st->gen != gen)
 		st = NULL;
 	if (st)
-		sop__stream_hold(st);
+		stream_hold(st);
 	pthread_mutex_unlock(&shards[sh].lock);
 	return st;
 }
@@ -310,7 +312,7 @@ sop__stream_all(uint64_t ctx_id, size_t *n)
 						continue; /* without host memory, fewer: safe */
 					v = w;
 				}
-				sop__stream_hold(st);
+				stream_hold(st);
 				v[k++] = st;
 			}
 		}
@@ -490,6 +492,17 @@ sop__stream_probe(struct sop__stream *st, CUstream handle, uint64_t seq)
 	probe_if_uncovered(st, handle, seq, true);
 }
 
+/* A probe covering every free on st so far, unless one already does; handle names st in the
+ * current call, checked. */
+static void
+probe_all_frees(struct sop__stream *st, CUstream handle)
+{
+	uint64_t last = atomic_load_explicit(&st->last_free, memory_order_relaxed);
+
+	if (atomic_load(&st->newest) < last)
+		probe_if_uncovered(st, handle, last, true);
+}
+
 /* Query the pending probes, oldest first, and stop at the first still running: probes on one
  * stream complete in order. Stream lock held. */
 static void
@@ -577,8 +590,8 @@ sop__stream_ending(CUstream stream, uint64_t id)
 	pthread_mutex_lock(&shards[sh].lock);
 	st = stream_find_locked(h, id);
 	pthread_mutex_unlock(&shards[sh].lock);
-	if (st && atomic_load(&st->newest) < atomic_load_explicit(&st->last_free, memory_order_relaxed))
-		probe_if_uncovered(st, stream, atomic_load(&st->last_free), true);
+	if (st)
+		probe_all_frees(st, stream);
 }
 
 /* ---- Dependencies -------------------------------------------------------------------------- */
@@ -787,8 +800,7 @@ sop__event_record(CUevent ev, CUstream stream)
 	/* So that what the event claims can be proven: a probe before it, covering the frees on
 	 * the stream so far, which the event's completion then implies (sop__sync_event), and which
 	 * a stream that follows the claim can wait for (stream.c, take_followed). */
-	if (atomic_load(&st->newest) < atomic_load_explicit(&st->last_free, memory_order_relaxed))
-		probe_if_uncovered(st, stream, atomic_load(&st->last_free), true);
+	probe_all_frees(st, stream);
 	/* What the stream is ordered after, proven or claimed, it passes on as claims. A stream
 	 * that never waited (most) carries only its own position: no lock. A wait another thread
 	 * enqueues at the same moment has no order against this record. */
