@@ -212,3 +212,23 @@ sop_driver_calls(const char **names, unsigned long long *counts, size_t *n)
 	*n = SOP_N_ENTRIES;
 	return CUDA_SUCCESS;
 }
+
+/* ---- A pool's context ------------------------------------------------------------------------ */
+
+/* The pool's context made current around driver calls that need one (the virtual memory calls,
+ * from any thread). */
+
+CUresult
+sop__pool_ctx_push(struct sop_pool *pool)
+{
+	return SOP_DRV(cuCtxPushCurrent)(pool->ctx);
+}
+
+void
+sop__pool_ctx_pop(struct sop_pool *pool)
+{
+	CUcontext popped;
+
+	(void)pool;
+	SOP_DRV(cuCtxPopCurrent)(&popped);
+}

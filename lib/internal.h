@@ -215,6 +215,10 @@ void *sop__driver_handle(void);
  * (sop's probe events live in it: order.c); *out NULL if it is not active. A stream whose context
  * is not this one is of a context the application created. */
 CUresult sop__driver_primary(CUdevice device, CUcontext *out);
+struct sop_pool;
+/* Push and pop the pool's context around driver calls that need one. */
+CUresult sop__pool_ctx_push(struct sop_pool *pool);
+void sop__pool_ctx_pop(struct sop_pool *pool);
 
 /* ---- epoch.c ----------------------------------------------------------------------------- */
 
@@ -945,9 +949,6 @@ CUresult sop__sync_stream(CUstream stream);
 void sop__pools_stream_gone(uint64_t id);
 CUresult sop__sync_ctx(void);
 CUresult sop__sync_event(CUevent event);
-/* Push and pop the pool's context around driver calls that need one. */
-CUresult sop__pool_ctx_push(struct sop_pool *pool);
-void sop__pool_ctx_pop(struct sop_pool *pool);
 
 /* ---- registry.c -------------------------------------------------------------------------- */
 
@@ -1015,14 +1016,23 @@ struct sop_pool *sop__registry_lookup(CUdeviceptr addr);
  * so that the pools stay readable after the lock is dropped; it checks pool->dead under the pool
  * lock. */
 struct sop_pool **sop__registry_snapshot(size_t *n);
-CUresult sop__default_pool(CUdevice device, struct sop_pool **out);
-CUresult sop__current_pool(CUdevice device, struct sop_pool **out);
-/* CUDA_ERROR_INVALID_VALUE for a pool of another device or one being destroyed. */
-CUresult sop__set_current_pool(CUdevice device, struct sop_pool *pool);
+/* Each device's default and current pool (NULL: the default), read without a lock, written
+ * under sop__dev_lock (devices.c). */
+extern pthread_mutex_t sop__dev_lock;
+extern _Atomic(struct sop_pool *) *sop__default_pools;
+extern _Atomic(struct sop_pool *) *sop__current_pools;
 /* A pool is going away: mark it destroyed and make the default current again where it was
  * current, both under the lock that sop__set_current_pool takes, so that no device can be left
  * with a destroyed pool as current. */
 void sop__forget_current(struct sop_pool *pool);
+
+/* ---- devices.c --------------------------------------------------------------------------- */
+
+/* The device's default pool, made on first use. */
+CUresult sop__default_pool(CUdevice device, struct sop_pool **out);
+CUresult sop__current_pool(CUdevice device, struct sop_pool **out);
+/* CUDA_ERROR_INVALID_VALUE for a pool of another device or one being destroyed. */
+CUresult sop__set_current_pool(CUdevice device, struct sop_pool *pool);
 
 /* ---- preload.c --------------------------------------------------------------------------- */
 

@@ -12,21 +12,6 @@
 
 #include "internal.h"
 
-CUresult
-sop__pool_ctx_push(struct sop_pool *pool)
-{
-	return SOP_DRV(cuCtxPushCurrent)(pool->ctx);
-}
-
-void
-sop__pool_ctx_pop(struct sop_pool *pool)
-{
-	CUcontext popped;
-
-	(void)pool;
-	SOP_DRV(cuCtxPopCurrent)(&popped);
-}
-
 /* ---- Creation ----------------------------------------------------------------------------- */
 
 static size_t

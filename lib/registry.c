@@ -1,5 +1,6 @@
 /* registry.c - process-wide state: driver initialisation, the device list, pool handles, the
- * table that maps an address to its pool, and each device's default and current pool.
+ * table that maps an address to its pool, and the tables of each device's default and current
+ * pool (devices.c makes and sets them; a pool's teardown takes it out of them here).
  *
  * A free names only a pointer, so sop must find the pool from the address alone, on every
  * thread, without a lock: each pool reserves its addresses in whole gigabytes, and a two-level
@@ -8,7 +9,7 @@
  * reader of these tables without a lock is pinned (epoch.c): a pool it finds there a moment
  * before the pool's teardown unlinks it stays readable until it unpins, and is freed after.
  *
- * Locks, in the order they may be taken: dev_lock, then a pool's lock, then reg_lock or
+ * Locks, in the order they may be taken: sop__dev_lock, then a pool's lock, then reg_lock or
  * handle_lock.
  */
 #include <stdlib.h>
@@ -26,11 +27,11 @@ static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic(reg_slot *) reg_top[1u << REG_TOP_LOG2];
 static struct sop_pool *live_pools; /* not torn down */
 
-static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t sop__dev_lock = PTHREAD_MUTEX_INITIALIZER;
 static int n_devices;
-/* Read without the lock on every sop_malloc_async; written under dev_lock. */
-static _Atomic(struct sop_pool *) *default_pools;
-static _Atomic(struct sop_pool *) *current_pools;
+/* Read without the lock on every sop_malloc_async; written under sop__dev_lock. */
+_Atomic(struct sop_pool *) *sop__default_pools;
+_Atomic(struct sop_pool *) *sop__current_pools;
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static CUresult init_status;
@@ -49,11 +50,11 @@ init_run(void)
 		init_status = CUDA_ERROR_NO_DEVICE;
 	if (init_status != CUDA_SUCCESS)
 		return;
-	default_pools = calloc((size_t)n, sizeof *default_pools);
-	current_pools = calloc((size_t)n, sizeof *current_pools);
-	if (!default_pools || !current_pools) {
-		free(default_pools);
-		free(current_pools);
+	sop__default_pools = calloc((size_t)n, sizeof *sop__default_pools);
+	sop__current_pools = calloc((size_t)n, sizeof *sop__current_pools);
+	if (!sop__default_pools || !sop__current_pools) {
+		free(sop__default_pools);
+		free(sop__current_pools);
 		init_status = CUDA_ERROR_OUT_OF_MEMORY;
 		return;
 	}
@@ -277,83 +278,15 @@ sop__registry_snapshot(size_t *n)
 
 /* ---- Default and current pools ------------------------------------------------------------ */
 
-CUresult
-sop__default_pool(CUdevice device, struct sop_pool **out)
-{
-	struct sop_pool *p;
-	CUresult r = CUDA_SUCCESS;
-
-	if (device < 0 || device >= n_devices)
-		return CUDA_ERROR_INVALID_DEVICE;
-	p = atomic_load_explicit(&default_pools[device], memory_order_acquire);
-	if (SOP_LIKELY(p != NULL)) {
-		*out = p;
-		return CUDA_SUCCESS;
-	}
-	pthread_mutex_lock(&dev_lock);
-	p = atomic_load_explicit(&default_pools[device], memory_order_relaxed);
-	if (!p) {
-		CUmemPoolProps props;
-		memset(&props, 0, sizeof props);
-		props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-		props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-		props.location.id = device;
-		r = sop__pool_new(&props, true, &p);
-		if (r == CUDA_SUCCESS)
-			atomic_store_explicit(&default_pools[device], p, memory_order_release);
-	}
-	pthread_mutex_unlock(&dev_lock);
-	if (r == CUDA_SUCCESS)
-		*out = p;
-	return r;
-}
-
-CUresult
-sop__current_pool(CUdevice device, struct sop_pool **out)
-{
-	struct sop_pool *p;
-
-	if (device < 0 || device >= n_devices)
-		return CUDA_ERROR_INVALID_DEVICE;
-	p = atomic_load_explicit(&current_pools[device], memory_order_acquire);
-	if (p) {
-		*out = p;
-		return CUDA_SUCCESS;
-	}
-	return sop__default_pool(device, out);
-}
-
-CUresult
-sop__set_current_pool(CUdevice device, struct sop_pool *pool)
-{
-	CUresult r = CUDA_SUCCESS;
-
-	if (device < 0 || device >= n_devices)
-		return CUDA_ERROR_INVALID_DEVICE;
-	if (pool->device != device)
-		return CUDA_ERROR_INVALID_VALUE;
-	pthread_mutex_lock(&dev_lock);
-	/* Checked under the lock that sop__forget_current takes to mark it: a pool being
-	 * destroyed on another thread never becomes current after it was forgotten, to be freed
-	 * while the table still names it. */
-	if (atomic_load(&pool->destroyed))
-		r = CUDA_ERROR_INVALID_VALUE;
-	else
-		atomic_store_explicit(&current_pools[device], pool->is_default ? NULL : pool,
-				      memory_order_release);
-	pthread_mutex_unlock(&dev_lock);
-	return r;
-}
-
 void
 sop__forget_current(struct sop_pool *pool)
 {
-	pthread_mutex_lock(&dev_lock);
+	pthread_mutex_lock(&sop__dev_lock);
 	if (pool->device >= 0 && pool->device < n_devices &&
-	    atomic_load(&current_pools[pool->device]) == pool)
-		atomic_store(&current_pools[pool->device], NULL);
+	    atomic_load(&sop__current_pools[pool->device]) == pool)
+		atomic_store(&sop__current_pools[pool->device], NULL);
 	/* After the table, with release: a sop_malloc_async that finds the pool destroyed and
 	 * reads the table again finds the default. */
 	atomic_store_explicit(&pool->destroyed, true, memory_order_release);
-	pthread_mutex_unlock(&dev_lock);
+	pthread_mutex_unlock(&sop__dev_lock);
 }
