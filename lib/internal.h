@@ -65,6 +65,8 @@
  * the directory) in 512-byte slots. Spans are small so that blocks of megabytes, which start
  * far apart, mostly have a span each and need no leaf (heap.c). */
 #define SOP_MAP_LEAF_LOG2 7
+/* The addresses a leaf covers, a directory entry's span. */
+#define SOP_MAP_SPAN (SOP_ALIGN << SOP_MAP_LEAF_LOG2)
 
 static inline size_t
 sop__round_up(size_t x, size_t to)
@@ -586,6 +588,40 @@ void sop__heap_destroy(struct sop_pool *pool);
 void sop__heap_free_extents(struct sop_pool *pool, size_t *largest, size_t *total);
 /* Unmap and release the anchor, if any. Context current, pool lock held. */
 CUresult sop__heap_anchor_drop(struct sop_pool *pool);
+
+/* blockmap.c: spare leaves taken for a segment's splits (need at least, want if they come
+ * cheaply; false without host memory) and given back down to keep; a segment's lock with n
+ * spare leaves in hand; a block entered in the map and taken out. Segment lock held. */
+bool sop__leaves_get(struct sop_pool *pool, struct sop__leaves *to, unsigned int need,
+		     unsigned int want);
+void sop__leaves_put(struct sop_pool *pool, struct sop__leaves *from, unsigned int keep);
+bool sop__segment_lock_leaves(struct sop_pool *pool, struct sop__segment *seg, unsigned int n);
+void sop__map_add(struct sop_pool *pool, struct sop__leaves *spares, CUdeviceptr addr,
+		  struct sop__block *b);
+void sop__map_remove(struct sop_pool *pool, struct sop__segment *seg, CUdeviceptr addr);
+/* blockmap.c: split b at size into b and rest (a fresh descriptor) of the given state, rest
+ * entered in the map. Segment lock held. */
+void sop__block_split(struct sop_pool *pool, struct sop__block *b, struct sop__block *rest,
+		      size_t size, enum sop__state state, struct sop__leaves *spares);
+/* segment.c */
+void sop__reserved_add(struct sop_pool *pool, size_t size);
+void sop__hole_link(struct sop_pool *pool, struct sop__block *h);
+void sop__hole_unlink(struct sop_pool *pool, struct sop__block *h);
+struct sop__segment *sop__segment_new(struct sop_pool *pool, size_t size, size_t min,
+				      const struct sop__sstream *home);
+void sop__segment_drop(struct sop_pool *pool, struct sop__segment *seg);
+bool sop__pieces_reserve(struct sop__segment *seg);
+size_t sop__piece_search(const struct sop__segment *seg, CUdeviceptr addr);
+void sop__piece_link(struct sop__segment *seg, struct sop__piece *pc);
+void sop__piece_unlink(struct sop__segment *seg, struct sop__piece *pc);
+/* vmm.c */
+CUresult sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size,
+			CUmemGenericAllocationHandle *h);
+void sop__orphan_keep(struct sop_pool *pool, CUmemGenericAllocationHandle h);
+CUresult sop__orphans_release(struct sop_pool *pool);
+void sop__anchor_make(struct sop_pool *pool);
+/* release.c */
+CUresult sop__release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_least);
 
 /* ---- order.c ----------------------------------------------------------------------------- */
 

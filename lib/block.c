@@ -1,0 +1,353 @@
+/* block.c - blocks: descriptors, split and merge, and the pool-wide heap of FREE blocks.
+ *
+ * Blocks tile their segment (segment.c) and are linked to their neighbours there. FREE blocks
+ * sit in the pool heap (bins.c) and are merged with FREE neighbours as they arrive; CACHED
+ * blocks belong to a stream (sstream.c), which splits and merges them under its own lock and
+ * the segment's. Descriptors come from per-pool slabs and go back to the pool's spare list,
+ * never to libc while the pool lives.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- Descriptors ------------------------------------------------------------------------ */
+
+#define SLAB_BLOCKS 256
+
+/* A pool's first slabs are small (16, then 64 descriptors), so that its first allocation
+ * zeroes a page of fresh host memory rather than eight: each first touch of a page is a fault
+ * that costs microseconds, and eight of them were half of sop's own time in that allocation. */
+static size_t
+slab_blocks(const struct sop_pool *pool)
+{
+	return pool->n_slabs >= 2 ? SLAB_BLOCKS : SLAB_BLOCKS >> (4 - 2 * pool->n_slabs);
+}
+
+static bool
+slab_add(struct sop_pool *pool)
+{
+	size_t i, n = slab_blocks(pool);
+	struct sop__block *slab;
+
+	if (pool->n_slabs == pool->cap_slabs) {
+		size_t cap = pool->cap_slabs ? pool->cap_slabs * 2 : 8;
+		void **slabs = realloc(pool->slabs, cap * sizeof *slabs);
+		if (!slabs)
+			return false;
+		pool->slabs = slabs;
+		pool->cap_slabs = cap;
+	}
+	slab = aligned_alloc(_Alignof(struct sop__block), n * sizeof *slab);
+	if (!slab)
+		return false;
+	memset(slab, 0, n * sizeof *slab);
+	pool->slabs[pool->n_slabs++] = slab;
+	for (i = 0; i < n; i++) {
+		slab[i].free_next = pool->spare;
+		pool->spare = &slab[i];
+	}
+	return true;
+}
+
+/* Descriptors are never returned to libc while the pool lives: a free racing with a merge may
+ * still read one, and its tag then tells it the block is gone. */
+struct sop__block *
+sop__block_new(struct sop_pool *pool)
+{
+	struct sop__block *b;
+
+	if (!pool->spare)
+		pool->spare = atomic_exchange_explicit(&pool->returned, NULL, memory_order_acquire);
+	if (!pool->spare && !slab_add(pool))
+		return NULL;
+	b = pool->spare;
+	pool->spare = b->free_next;
+	/* Spares are a list through cold descriptors: fetch the next one's line now, so that the
+	 * next call does not stall on it. */
+	if (pool->spare)
+		__builtin_prefetch(pool->spare, 1);
+	b->free_next = b->free_prev = NULL;
+	sop__link_set(&b->phys_prev, NULL);
+	b->phys_next = NULL;
+	sop__block_set_owner(b, NULL);
+	b->seg = NULL;
+	b->req = 0;
+	b->seq = 0;
+	return b;
+}
+
+void
+sop__block_delete(struct sop_pool *pool, struct sop__block *b)
+{
+	atomic_store_explicit(&b->tag, sop__tag(0, SOP_BLOCK_DEAD), memory_order_release);
+	b->free_next = pool->spare;
+	pool->spare = b;
+}
+
+/* ---- Split and merge -------------------------------------------------------------------- */
+
+void
+sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size,
+		 struct sop__sstream *from, bool from_held)
+{
+	struct sop__block *rest;
+	enum sop__state state = sop__block_state(b);
+
+	if (b->size - size < SOP_ALIGN)
+		return;
+	/* A descriptor and a map slot are needed; without host memory the block is handed out
+	 * whole, which wastes device memory but stays correct. */
+	rest = sop__block_new(pool);
+	if (!rest)
+		return;
+	if (!sop__segment_lock_leaves(pool, b->seg, 1)) {
+		sop__block_delete(pool, rest);
+		return;
+	}
+	sop__block_split(pool, b, rest, size, state, &b->seg->leaves);
+	sop__lock_drop(&b->seg->lock);
+	if (state == SOP_BLOCK_CACHED) {
+		if (!from_held)
+			sop__lock_take(&from->lock);
+		sop__block_set_owner(rest, from);
+		sop__bins_insert(&from->cache, rest);
+		if (!from_held)
+			sop__lock_drop(&from->lock);
+	} else {
+		sop__block_set_owner(rest, sop__block_owner(b));
+		sop__bins_insert(&pool->heap, rest);
+	}
+}
+
+bool
+sop__block_carve_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b,
+		     size_t size)
+{
+	struct sop__block *rest = ss->spare;
+
+	if (b->size - size < SOP_ALIGN) {
+		sop__bins_remove(&ss->cache, b);
+		return true;
+	}
+	if (!rest || !sop__segment_lock_leaves(pool, b->seg, 1))
+		return false;
+	sop__bins_remove(&ss->cache, b);
+	ss->spare = rest->free_next;
+	if (ss->spare)
+		__builtin_prefetch(ss->spare, 1);
+	ss->n_spare--;
+	rest->free_next = NULL;
+	sop__block_split(pool, b, rest, size, SOP_BLOCK_CACHED, &b->seg->leaves);
+	sop__lock_drop(&b->seg->lock);
+	sop__block_set_owner(rest, ss);
+	sop__bins_insert(&ss->cache, rest);
+	return true;
+}
+
+void
+sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__block **spare)
+{
+	struct sop__block *n = b->phys_next;
+
+	sop__map_remove(pool, b->seg, n->addr);
+	b->size += n->size;
+	b->phys_next = n->phys_next;
+	if (n->phys_next)
+		sop__link_set(&n->phys_next->phys_prev, b);
+	atomic_store_explicit(&n->tag, sop__tag(0, SOP_BLOCK_DEAD), memory_order_release);
+	sop__block_set_owner(n, NULL);
+	n->free_next = *spare;
+	*spare = n;
+}
+
+#define SPARES_LOW 8
+#define SPARES_HIGH 64
+
+/* Hand the spares of ss above SPARES_LOW back to the pool without its lock: a stream that only
+ * frees gains one with every merge and would otherwise keep them all. Pushed as one chain onto
+ * a list the pool lock holder takes whole (sop__block_new), so a compare-and-swap suffices.
+ * Stream lock held. */
+static void
+spares_shed(struct sop_pool *pool, struct sop__sstream *ss)
+{
+	struct sop__block *head = ss->spare, *tail = head, *old;
+
+	while (ss->n_spare > SPARES_LOW + 1) {
+		tail = tail->free_next;
+		ss->n_spare--;
+	}
+	ss->spare = tail->free_next;
+	ss->n_spare--;
+	old = atomic_load_explicit(&pool->returned, memory_order_relaxed);
+	do
+		tail->free_next = old;
+	while (!atomic_compare_exchange_weak_explicit(&pool->returned, &old, head,
+						      memory_order_release, memory_order_relaxed));
+}
+
+/* Whether b, a neighbour of the block being merged, is worth joining to it: cached on ss too,
+ * and of another size. Two equal neighbours stay apart: a stream that frees a run of blocks of
+ * one size is likely to ask for that size again, and then reuses them whole (a batch of k
+ * allocations and k frees costs no split and no merge) where joined they would be split again
+ * one by one. The size is read only once b is known to be ss's: ss's lock keeps it still. */
+static inline bool
+mergeable(struct sop__block *b, size_t size, struct sop__sstream *ss)
+{
+	return b && sop__block_state(b) == SOP_BLOCK_CACHED && sop__block_owner(b) == ss &&
+	       b->size != size;
+}
+
+/* Whether b is FREE memory that came from ss's own cache, which a block ss frees next to it
+ * takes back. Exact with the pool and segment locks held; a peek without them. */
+static inline bool
+reclaimable(struct sop__block *b, struct sop__sstream *ss)
+{
+	return b && sop__block_state(b) == SOP_BLOCK_FREE && sop__block_owner(b) == ss;
+}
+
+/* Take the pool lock if ss may take back FREE memory next to a block it frees: only while one
+ * thread uses the pool (trying the lock, never waiting for it, out of order under ss's), ss is
+ * the stream that last took memory from the heap, and no other stream holds cached memory.
+ * Joined to the cached block, that memory is pending on ss until ss's frees are seen complete:
+ * another stream that came for it would grow the pool instead (a stream that only allocates,
+ * handing its blocks to one that frees them, grew without end when the freeing stream took
+ * back what its probes had returned). Apart, the FREE memory and the stream's cached blocks
+ * are two sets of pieces, and a request that fits neither alone splits a large one or grows
+ * (replaying a training step, a 512 MiB block found the previous step's cut up by the next
+ * forward pass's activations). */
+static bool
+reclaim_begin(struct sop_pool *pool, struct sop__sstream *ss)
+{
+	/* A look first, so that the free of a stream that may not take back (say, one freeing
+	 * what another allocates) does not try the lock each time; then again under it. */
+	if (atomic_load_explicit(&pool->threads_met, memory_order_relaxed) ||
+	    atomic_load_explicit(&pool->heap_user, memory_order_relaxed) != ss ||
+	    pthread_mutex_trylock(&pool->lock))
+		return false;
+	if (atomic_load_explicit(&pool->heap_user, memory_order_relaxed) == ss &&
+	    !sop__others_cache(pool, ss, 1))
+		return true;
+	pthread_mutex_unlock(&pool->lock);
+	return false;
+}
+
+struct sop__block *
+sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b)
+{
+	struct sop__block *p = sop__link_peek(&b->phys_prev), *n = sop__link_peek(&b->phys_next);
+	struct sop__segment *seg = b->seg;
+	bool reclaim = (reclaimable(n, ss) || reclaimable(p, ss)) && reclaim_begin(pool, ss);
+
+	/* A look without the segment lock first, so that a free with nothing to merge (the common
+	 * case when streams share a segment) touches no shared line. It is exact: only ss's lock
+	 * holder makes a block cached on ss or changes b's next link, and a prev link that another
+	 * thread rewrites points at a block not cached on ss before and after. */
+	if (!reclaim && !mergeable(n, b->size, ss) && !mergeable(p, b->size, ss))
+		return b;
+	sop__segment_lock(seg);
+	for (;;) {
+		n = b->phys_next;
+		if (reclaim && reclaimable(n, ss)) {
+			sop__bins_remove(&pool->heap, n);
+		} else if (mergeable(n, b->size, ss)) {
+			sop__bins_remove(&ss->cache, n);
+			if (n->seq > b->seq)
+				b->seq = n->seq;
+		} else {
+			break;
+		}
+		sop__block_absorb_next(pool, b, &ss->spare);
+		ss->n_spare++;
+	}
+	for (;;) {
+		p = b->phys_prev;
+		if (reclaim && reclaimable(p, ss)) {
+			/* Cached on ss from here on, with b's pending work. */
+			sop__bins_remove(&pool->heap, p);
+			p->seq = b->seq;
+			atomic_store_explicit(&p->tag, sop__tag(p->addr, SOP_BLOCK_CACHED),
+					      memory_order_release);
+		} else if (mergeable(p, b->size, ss)) {
+			sop__bins_remove(&ss->cache, p);
+			if (b->seq > p->seq)
+				p->seq = b->seq;
+		} else {
+			break;
+		}
+		sop__block_absorb_next(pool, p, &ss->spare);
+		ss->n_spare++;
+		b = p;
+	}
+	sop__lock_drop(&seg->lock);
+	if (reclaim)
+		pthread_mutex_unlock(&pool->lock);
+	if (ss->n_spare > SPARES_HIGH)
+		spares_shed(pool, ss);
+	return b;
+}
+
+void
+sop__spares_balance(struct sop_pool *pool, struct sop__sstream *ss)
+{
+	while (ss->n_spare < SPARES_LOW) {
+		struct sop__block *b = sop__block_new(pool);
+		if (!b)
+			return;
+		atomic_store_explicit(&b->tag, sop__tag(0, SOP_BLOCK_DEAD), memory_order_relaxed);
+		b->free_next = ss->spare;
+		ss->spare = b;
+		ss->n_spare++;
+	}
+	while (ss->n_spare > SPARES_HIGH) {
+		struct sop__block *b = ss->spare;
+		ss->spare = b->free_next;
+		ss->n_spare--;
+		b->free_next = pool->spare;
+		pool->spare = b;
+	}
+}
+
+void
+sop__spares_return(struct sop_pool *pool, struct sop__sstream *ss)
+{
+	while (ss->spare) {
+		struct sop__block *b = ss->spare;
+		ss->spare = b->free_next;
+		b->free_next = pool->spare;
+		pool->spare = b;
+	}
+	ss->n_spare = 0;
+}
+
+struct sop__block *
+sop__heap_put(struct sop_pool *pool, struct sop__block *b)
+{
+	struct sop__segment *seg = b->seg;
+	struct sop__block *p, *n;
+
+	b->req = 0;
+	b->seq = 0;
+	sop__segment_lock(seg);
+	p = b->phys_prev;
+	n = b->phys_next;
+	if (n && sop__block_state(n) == SOP_BLOCK_FREE) {
+		sop__bins_remove(&pool->heap, n);
+		if (sop__block_owner(n) != sop__block_owner(b))
+			sop__block_set_owner(b, NULL);
+		sop__block_absorb_next(pool, b, &pool->spare);
+	}
+	if (p && sop__block_state(p) == SOP_BLOCK_FREE) {
+		sop__bins_remove(&pool->heap, p);
+		if (sop__block_owner(p) != sop__block_owner(b))
+			sop__block_set_owner(p, NULL);
+		sop__block_absorb_next(pool, p, &pool->spare);
+		b = p;
+	}
+	atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_FREE), memory_order_release);
+	sop__lock_drop(&seg->lock);
+	sop__bins_insert(&pool->heap, b);
+	if (b->size == seg->mapped)
+		seg->home = NULL; /* empty: nobody's until a stream takes memory from it */
+	return b;
+}

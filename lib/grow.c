@@ -1,0 +1,425 @@
+/* grow.c - growth: mapping physical memory for a request that nothing free can serve.
+ *
+ * Growth maps a piece where it joins free memory if that maps less (a block at a hole's edge,
+ * or a stream's own cached memory), else in a hole of a segment of the stream's own or of a
+ * new segment; wholly free pieces are released first when they add up to what is mapped
+ * (release.c). Pool lock held.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- Growth ----------------------------------------------------------------------------- */
+
+/* Where growth maps a piece: in hole, at its start or its end, size bytes; least is the
+ * fewest that still make the request fit there (what is mapped when the device cannot back
+ * size). No hole: a new segment. */
+struct plan {
+	struct sop__block *hole;
+	bool at_end;
+	int rank; /* whose segment: see plan_rank */
+	size_t size, least;
+};
+
+/* How fitting a segment is for ss's growth: 0 its own; 1 nobody's, or any while the pool is
+ * used from one thread (placement by cost alone); 2 another stream's, once threads have met
+ * in the pool (growth there would put the two streams' splits and merges under one lock). */
+static int
+plan_rank(struct sop_pool *pool, const struct sop__segment *seg, const struct sop__sstream *ss)
+{
+	if (seg->home == ss)
+		return 0;
+	if (!seg->home || !atomic_load_explicit(&pool->threads_met, memory_order_relaxed))
+		return 1;
+	return 2;
+}
+
+/* The bytes of b a new piece next to it joins with: FREE ones, or ones cached on ss (which ss
+ * may reuse at once). Stream and segment locks held. */
+static size_t
+joinable(struct sop__block *b, const struct sop__sstream *ss)
+{
+	enum sop__state st;
+
+	if (!b)
+		return 0;
+	st = sop__block_state(b);
+	if (st == SOP_BLOCK_FREE || (ss && st == SOP_BLOCK_CACHED && sop__block_owner(b) == ss))
+		return b->size;
+	return 0;
+}
+
+/* The bytes to map in room bytes of a hole so that, joined with have bytes next to it, a block
+ * of size bytes fits: whole granules, and at least a growth step (the driver's, or a compacting
+ * pool's), except near maxSize, where only what is needed. 0 if it cannot fit there. */
+static size_t
+span(struct sop_pool *pool, size_t size, size_t have, size_t room, size_t *least)
+{
+	size_t g = pool->granularity;
+	size_t lo = size > have ? sop__round_up(size - have, g) : g;
+	size_t want = sop__round_up(atomic_load_explicit(&pool->compact, memory_order_relaxed)
+					    ? SOP_COMPACT_PIECE
+					    : SOP_SEGMENT_MIN,
+				    g);
+	uint64_t reserved = atomic_load(&pool->reserved);
+
+	if (lo > room || (pool->max_size && reserved + lo > pool->max_size))
+		return 0;
+	if (want < lo)
+		want = lo;
+	if (want > room)
+		want = room;
+	if (pool->max_size && reserved + want > pool->max_size)
+		want = lo;
+	*least = lo;
+	return want;
+}
+
+/* Keep the place that maps least; on a tie, one in a segment of the stream's own. */
+static void
+plan_offer(struct plan *best, struct sop__block *h, bool at_end, int rank, size_t size,
+	   size_t least)
+{
+	if (!size || (best->size && (best->size < size ||
+				     (best->size == size && best->rank <= rank))))
+		return;
+	best->hole = h;
+	best->at_end = at_end;
+	best->rank = rank;
+	best->size = size;
+	best->least = least;
+}
+
+/* The cheapest place for size bytes: the hole whose neighbours leave the least to map, or,
+ * with nothing to join, a hole of a segment of ss's own or of nobody's (plan_rank); else (hole
+ * NULL) a new segment, which also beats another stream's segment for no saving once threads
+ * have met: each stream splits and merges under the lock of its own segments, and a small
+ * request maps a whole step wherever it goes. With any, every hole will do (a new segment
+ * found no addresses). False if the request cannot fit under maxSize at all. */
+static bool
+plan_make(struct sop_pool *pool, struct sop__sstream *ss, size_t size, bool any, struct plan *pl)
+{
+	struct sop__block *h;
+	size_t least = 0, n;
+
+	memset(pl, 0, sizeof *pl);
+	for (h = pool->holes; h; h = h->free_next) {
+		struct sop__segment *seg = h->seg;
+		int rank = plan_rank(pool, seg, ss);
+		size_t l, r;
+
+		if (ss)
+			sop__lock_take(&ss->lock);
+		sop__segment_lock(seg);
+		l = joinable(h->phys_prev, ss);
+		r = joinable(h->phys_next, ss);
+		sop__lock_drop(&seg->lock);
+		if (ss)
+			sop__lock_drop(&ss->lock);
+		if (l) {
+			n = span(pool, size, l, h->size, &least);
+			plan_offer(pl, h, false, rank, n, least);
+		}
+		if (r) {
+			n = span(pool, size, r, h->size, &least);
+			plan_offer(pl, h, true, rank, n, least);
+		}
+		/* Filled whole, a hole joins the free memory on both sides. */
+		if (l && r && size <= l + h->size + r &&
+		    (!pool->max_size || atomic_load(&pool->reserved) + h->size <= pool->max_size))
+			plan_offer(pl, h, false, rank, h->size, h->size);
+		if (rank < 2 || any) {
+			n = span(pool, size, 0, h->size, &least);
+			plan_offer(pl, h, false, rank, n, least);
+		}
+	}
+	n = span(pool, size, 0, SIZE_MAX, &least);
+	if (pl->size && (pl->rank < 2 || pl->size < n || !n || any))
+		return true;
+	if (any)
+		return false;
+	memset(pl, 0, sizeof *pl);
+	pl->size = n;
+	pl->least = least;
+	return n != 0;
+}
+
+/* A new piece's block b, FREE and in no bin, joined with what a block of size bytes needs of
+ * its neighbours cached on ss: the joined block is cached on ss then (ss may use what it freed
+ * at once, others only once that completes; the new memory has no past), out of ss's bins and
+ * without an owner, like any block the slow path takes out of a cache (*from = ss), and what
+ * it does not need of b stays FREE for any stream. With nothing to join, b itself (*from =
+ * NULL). Pool lock held. */
+static struct sop__block *
+join_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b, size_t size,
+	 struct sop__sstream **from)
+{
+	struct sop__segment *seg = b->seg;
+	struct sop__block *p, *n, *d;
+	bool own_p, own_n, leaf;
+
+	*from = NULL;
+	if (!ss || b->size >= size)
+		return b;
+	d = sop__block_new(pool);
+	if (!d)
+		return b;
+	sop__lock_take(&ss->lock);
+	/* Without a leaf for the split's map slot, b is joined whole. */
+	leaf = sop__segment_lock_leaves(pool, seg, 1);
+	if (!leaf)
+		sop__segment_lock(seg);
+	p = b->phys_prev;
+	n = b->phys_next;
+	own_p = p && sop__block_state(p) == SOP_BLOCK_CACHED && sop__block_owner(p) == ss;
+	own_n = n && sop__block_state(n) == SOP_BLOCK_CACHED && sop__block_owner(n) == ss;
+	/* One side if it is enough, both if it takes both, none if the plan's neighbours were
+	 * taken since (then the block is too small and growth plans again). */
+	if (own_p && own_n) {
+		if (p->size + b->size >= size)
+			own_n = false;
+		else if (n->size + b->size >= size)
+			own_p = false;
+		else if (p->size + b->size + n->size < size)
+			own_p = own_n = false;
+	} else if (own_p && p->size + b->size < size) {
+		own_p = false;
+	} else if (own_n && n->size + b->size < size) {
+		own_n = false;
+	}
+	/* Only the part of b next to the joined neighbour that the request needs. */
+	if (own_p && !own_n && p->size + b->size - size >= SOP_ALIGN && leaf) {
+		sop__block_split(pool, b, d, size - p->size, SOP_BLOCK_FREE, &seg->leaves);
+		sop__bins_insert(&pool->heap, d);
+		d = NULL;
+	} else if (own_n && !own_p && n->size + b->size - size >= SOP_ALIGN && leaf) {
+		struct sop__block *head = b;
+		sop__block_split(pool, b, d, b->size - (size - n->size), SOP_BLOCK_FREE, &seg->leaves);
+		b = d;
+		d = NULL;
+		sop__bins_insert(&pool->heap, head);
+	}
+	if (d)
+		sop__block_delete(pool, d);
+	if (own_p || own_n) {
+		if (own_p) {
+			sop__bins_remove(&ss->cache, p);
+			sop__block_absorb_next(pool, p, &pool->spare);
+			b = p;
+		} else {
+			b->seq = 0;
+		}
+		if (own_n) {
+			sop__bins_remove(&ss->cache, n);
+			if (n->seq > b->seq)
+				b->seq = n->seq;
+			sop__block_absorb_next(pool, b, &pool->spare);
+		}
+		atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_CACHED),
+				      memory_order_release);
+		sop__block_set_owner(b, NULL);
+		*from = ss;
+	}
+	sop__lock_drop(&seg->lock);
+	sop__lock_drop(&ss->lock);
+	return b;
+}
+
+/* New segments take this much of the reservation (or what the request needs, if more): room
+ * for later pieces to join the first. */
+static size_t
+segment_room(struct sop_pool *pool)
+{
+	size_t room = pool->va_size / 32;
+
+	if (room > ((size_t)16 << 30))
+		room = (size_t)16 << 30;
+	room = room / pool->granularity * pool->granularity;
+	return room > SOP_SEGMENT_MIN ? room : sop__round_up(SOP_SEGMENT_MIN, pool->granularity);
+}
+
+/* The size of each physical allocation that maps size bytes of growth: one for the whole, or,
+ * in a compacting pool, pieces of SOP_COMPACT_PIECE (at most SOP_COMPACT_PIECES of them), each
+ * given back on its own once idle. */
+static size_t
+piece_unit(struct sop_pool *pool, size_t size)
+{
+	size_t unit;
+
+	if (!atomic_load_explicit(&pool->compact, memory_order_relaxed))
+		return size;
+	unit = sop__round_up((size + SOP_COMPACT_PIECES - 1) / SOP_COMPACT_PIECES,
+			     pool->granularity);
+	return unit > SOP_COMPACT_PIECE ? unit : sop__round_up(SOP_COMPACT_PIECE, pool->granularity);
+}
+
+/* Map size bytes at va as pieces of seg (piece_unit), linked into seg as they are made; on a
+ * failure, what was made is unmapped, released and unlinked again. Pool lock held, context
+ * current. */
+static CUresult
+pieces_map(struct sop_pool *pool, struct sop__segment *seg, CUdeviceptr va, size_t size)
+{
+	size_t unit = piece_unit(pool, size), off, n = 0;
+	CUresult r = CUDA_SUCCESS;
+
+	for (off = 0; off < size; off += unit, n++) {
+		struct sop__piece *pc;
+
+		if (!sop__pieces_reserve(seg) || !(pc = calloc(1, sizeof *pc))) {
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+			break;
+		}
+		pc->va = va + off;
+		pc->size = size - off < unit ? size - off : unit;
+		r = sop__piece_map(pool, pc->va, pc->size, &pc->handle);
+		if (r != CUDA_SUCCESS) {
+			free(pc);
+			break;
+		}
+		sop__piece_link(seg, pc);
+	}
+	if (r == CUDA_SUCCESS)
+		return r;
+	while (n--) {
+		struct sop__piece *pc = seg->pieces[sop__piece_search(seg, va + n * unit)];
+
+		sop__piece_unlink(seg, pc);
+		SOP_DRV(cuMemUnmap)(pc->va, pc->size);
+		SOP_DRV(cuMemRelease)(pc->handle);
+		free(pc);
+	}
+	return r;
+}
+
+static CUresult
+grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__block **out,
+     struct sop__sstream **from)
+{
+	struct sop__block *d[2] = {NULL, NULL}, *h, *b;
+	struct sop__segment *fresh = NULL, *seg;
+	struct sop__leaves lv = {0}; /* for the map slots of the two splits */
+	CUdeviceptr at;
+	struct plan pl;
+	CUresult r;
+	int k = 0;
+
+	if (!plan_make(pool, ss, size, false, &pl))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	/* Wholly free pieces that add up to what would be mapped are given back first: the new
+	 * piece replaces memory that could not serve the request instead of adding to it (the
+	 * driver's "defragment by remapping unused memory"). The releases may open a better
+	 * place, so the plan is made again. */
+	if (sop__release_idle(pool, (size_t)atomic_load(&pool->reserved) - pl.size, 0, pl.size) ==
+		    CUDA_SUCCESS &&
+	    !plan_make(pool, ss, size, false, &pl))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+
+	d[0] = sop__block_new(pool);
+	d[1] = sop__block_new(pool);
+	if (!d[0] || !d[1] || !sop__leaves_get(pool, &lv, 2, 2)) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+		goto fail;
+	}
+	if (!pl.hole) {
+		size_t room = segment_room(pool);
+		fresh = sop__segment_new(pool, room > pl.size ? room : pl.size, pl.size, ss);
+		if (fresh) {
+			pl.hole = fresh->first;
+		} else if (!plan_make(pool, ss, size, true, &pl)) {
+			/* No addresses for a new segment: any hole that fits. */
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+			goto fail;
+		}
+	}
+	h = pl.hole;
+	seg = h->seg;
+	r = sop__pool_ctx_push(pool);
+	if (r != CUDA_SUCCESS)
+		goto fail;
+	for (;;) {
+		at = pl.at_end ? h->addr + h->size - pl.size : h->addr;
+		r = pieces_map(pool, seg, at, pl.size);
+		/* The device cannot back the full step; it may still back the request. */
+		if (r != CUDA_ERROR_OUT_OF_MEMORY || pl.size == pl.least)
+			break;
+		pl.size = pl.least;
+	}
+	sop__pool_ctx_pop(pool);
+	if (r != CUDA_SUCCESS)
+		goto fail;
+
+	sop__segment_lock(seg);
+	b = h;
+	if (at > h->addr) {
+		sop__block_split(pool, h, d[k], at - h->addr, SOP_BLOCK_HOLE, &lv);
+		b = d[k++];
+	} else {
+		sop__hole_unlink(pool, h);
+	}
+	if (b->size > pl.size) {
+		sop__block_split(pool, b, d[k], pl.size, SOP_BLOCK_HOLE, &lv);
+		sop__hole_link(pool, d[k++]);
+	}
+	sop__lock_drop(&seg->lock);
+	sop__leaves_put(pool, &lv, 0);
+	sop__reserved_add(pool, pl.size);
+	while (k < 2)
+		sop__block_delete(pool, d[k++]);
+	b = sop__heap_put(pool, b);
+	sop__bins_remove(&pool->heap, b);
+	if (!seg->home)
+		seg->home = ss;
+	*out = join_own(pool, ss, b, size, from);
+	return CUDA_SUCCESS;
+fail:
+	if (fresh)
+		sop__segment_drop(pool, fresh);
+	for (k = 0; k < 2; k++)
+		if (d[k])
+			sop__block_delete(pool, d[k]);
+	sop__leaves_put(pool, &lv, 0);
+	return r;
+}
+
+CUresult
+sop__heap_grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size,
+	       struct sop__block **out, struct sop__sstream **from)
+{
+	int tries;
+
+	/* The plan counts on the blocks next to the hole. Those cached on ss may be taken by
+	 * another thread on ss while the driver maps (the pool lock does not keep them): then
+	 * the result is too small, goes back, and the plan is made again. */
+	for (tries = 0; tries < 4; tries++) {
+		CUresult r = grow(pool, ss, size, out, from);
+
+		if (r != CUDA_SUCCESS || (*out)->size >= size)
+			return r;
+		if (*from) {
+			sop__lock_take(&ss->lock);
+			sop__block_set_owner(*out, ss);
+			sop__bins_insert(&ss->cache, *out);
+			sop__lock_drop(&ss->lock);
+		} else {
+			sop__bins_insert(&pool->heap, *out);
+		}
+	}
+	return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+void
+sop__segments_disown(struct sop_pool *pool, const struct sop__sstream *ss, size_t used)
+{
+	struct sop__segment *seg;
+	size_t mapped = 0;
+
+	for (seg = pool->segments; seg; seg = seg->next)
+		if (seg->home == ss)
+			mapped += seg->mapped;
+	if (used >= mapped / 2)
+		return;
+	for (seg = pool->segments; seg; seg = seg->next)
+		if (seg->home == ss)
+			seg->home = NULL;
+}

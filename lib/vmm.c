@@ -1,0 +1,138 @@
+/* vmm.c - physical memory through the driver's virtual memory calls: a piece created, mapped
+ * and opened to the pool's devices in one call, handles whose release failed kept to be
+ * released again, and the anchor that keeps the driver's page tables of an empty pool.
+ *
+ * These functions make and give back driver objects; which range a piece takes, and what
+ * blocks cover it, is segment.c's and grow.c's. (A release's unmap and release of a piece, in
+ * the middle of reshaping the blocks over it, is release.c's.)
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Create, map and open one physical allocation of size bytes at va. */
+CUresult
+sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle *h)
+{
+	CUmemAllocationProp prop = {0};
+	CUmemAccessDesc *desc;
+	CUresult r;
+	size_t i;
+
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location = pool->props.location;
+	prop.requestedHandleTypes = pool->props.handleTypes;
+	desc = calloc(pool->n_access + 1, sizeof *desc);
+	if (!desc)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	desc[0].location = pool->props.location;
+	desc[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	for (i = 0; i < pool->n_access; i++)
+		desc[i + 1] = pool->access[i];
+
+	r = SOP_DRV(cuMemCreate)(h, size, &prop, 0);
+	if (r != CUDA_SUCCESS)
+		goto out;
+	r = SOP_DRV(cuMemMap)(va, size, 0, *h, 0);
+	if (r != CUDA_SUCCESS)
+		goto release;
+	r = SOP_DRV(cuMemSetAccess)(va, size, desc, pool->n_access + 1);
+	if (r != CUDA_SUCCESS)
+		goto unmap;
+	goto out;
+unmap:
+	SOP_DRV(cuMemUnmap)(va, size);
+release:
+	SOP_DRV(cuMemRelease)(*h);
+out:
+	free(desc);
+	return r;
+}
+
+/* Keep a handle whose range is unmapped but whose cuMemRelease failed, for sop__orphans_release to
+ * retry. Without host memory to note it in, it is lost (to the process, not to correctness). */
+void
+sop__orphan_keep(struct sop_pool *pool, CUmemGenericAllocationHandle h)
+{
+	CUmemGenericAllocationHandle *o =
+		realloc(pool->orphans, (pool->n_orphans + 1) * sizeof *o);
+
+	if (o) {
+		o[pool->n_orphans++] = h;
+		pool->orphans = o;
+	}
+}
+
+/* Retry the releases that failed before. Context current. */
+CUresult
+sop__orphans_release(struct sop_pool *pool)
+{
+	CUresult r = CUDA_SUCCESS;
+
+	while (pool->n_orphans) {
+		r = SOP_DRV(cuMemRelease)(pool->orphans[pool->n_orphans - 1]);
+		if (r != CUDA_SUCCESS)
+			break;
+		pool->n_orphans--;
+	}
+	return r;
+}
+
+/* A pool that empties and grows again, as one with release threshold 0 does at every
+ * synchronization, pays the driver for page tables each time: with nothing mapped in the
+ * 512 MiB around an address, the driver frees the tables that covered it at the unmap and
+ * makes them again at the next map, and a 32 MiB map, use and release costs a third more on the
+ * H100 (65-72 us against 92-111). So before its first release that leaves the pool with no
+ * memory, it maps a granule of host memory, read-only and never handed out, at the start of its
+ * reservation, where growth puts the first segment: the tables there stay. Host memory, so that
+ * the device loses nothing; without it (a driver that cannot map host memory), no anchor.
+ * Context current, pool lock held. */
+void
+sop__anchor_make(struct sop_pool *pool)
+{
+	CUmemAllocationProp prop = {0};
+	CUmemAccessDesc desc = {0};
+	CUmemGenericAllocationHandle h;
+	size_t gran = 0;
+
+	pool->anchor_tried = true;
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
+	if (SOP_DRV(cuMemGetAllocationGranularity)(&gran, &prop,
+						   CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
+	    !gran || pool->granularity % gran)
+		return;
+	if (SOP_DRV(cuMemCreate)(&h, pool->granularity, &prop, 0) != CUDA_SUCCESS)
+		return;
+	if (SOP_DRV(cuMemMap)(pool->va_base, pool->granularity, 0, h, 0) != CUDA_SUCCESS) {
+		SOP_DRV(cuMemRelease)(h);
+		return;
+	}
+	desc.location = pool->props.location;
+	desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+	if (SOP_DRV(cuMemSetAccess)(pool->va_base, pool->granularity, &desc, 1) != CUDA_SUCCESS) {
+		SOP_DRV(cuMemUnmap)(pool->va_base, pool->granularity);
+		SOP_DRV(cuMemRelease)(h);
+		return;
+	}
+	pool->anchor = h;
+	pool->anchored = true;
+}
+
+CUresult
+sop__heap_anchor_drop(struct sop_pool *pool)
+{
+	CUresult r;
+
+	if (!pool->anchored)
+		return CUDA_SUCCESS;
+	r = SOP_DRV(cuMemUnmap)(pool->va_base, pool->granularity);
+	if (r != CUDA_SUCCESS)
+		return r;
+	pool->anchored = false;
+	r = SOP_DRV(cuMemRelease)(pool->anchor);
+	if (r != CUDA_SUCCESS)
+		sop__orphan_keep(pool, pool->anchor);
+	return r;
+}
