@@ -955,6 +955,66 @@ sop__used_sub(struct sop__block *b, struct sop__sstream *ss)
 	__atomic_store_n(&b->req, 0, __ATOMIC_RELAXED);
 }
 
+/* sstream.c: the pool's state for the stream with this id, made if the pool has none (the
+ * thread cache's miss); every cached block of a stream, gathered so the caller may change the
+ * bins while it walks (stream lock held; NULL, *n = 0 when none or no host memory). */
+CUresult sop__sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id,
+			     struct sop__stream_ref *out);
+struct sop__block **sop__cache_collect(struct sop__sstream *ss, size_t *n);
+
+/* reuse.c: the slow path of an allocation of size bytes (req asked) on ss, the state of the
+ * stream with this id, found unlocked. CUDA_ERROR_NOT_FOUND: the state was retired meanwhile
+ * (look it up again). */
+CUresult sop__alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id,
+			 CUstream stream, size_t size, size_t req, void **ptr);
+/* On the slow path, requests of at least this size ask what has completed before carving a
+ * loose fit: for them reusing a block just freed beats splitting a large free range. Smaller
+ * ones carve without asking, unless nothing fits at all. Frees of at least this size may be
+ * covered by a probe at once (stream.c). */
+#define SOP_POLL_MIN ((size_t)2 << 20)
+
+/* Hand b out to the application: ALLOC, counted in ss's used memory. Stream lock held. */
+static inline void
+sop__block_hand_out(struct sop__sstream *ss, struct sop__block *b, size_t req, void **ptr)
+{
+	sop__block_set_owner(b, NULL);
+	sop__used_add(ss, b, req);
+	ss->active = true;
+	atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_ALLOC), memory_order_release);
+	*ptr = (void *)(uintptr_t)b->addr;
+}
+
+/* Take a cached block whole on the hot path if it wastes at most an eighth of the request;
+ * larger ones are split. */
+static inline size_t
+sop__close_limit(size_t size)
+{
+	return size + (size >> 3);
+}
+
+/* Whether a request of size bytes splits the lowest-addressed fit rather than the smallest: a
+ * small request in a compacting pool that threads have not met in (once they have, placement
+ * follows segment affinity, and the search would hold the locks longer on every thread). */
+static inline bool
+sop__place_low(struct sop_pool *pool, size_t size)
+{
+	return size < SOP_COMPACT_LOW_MAX &&
+	       atomic_load_explicit(&pool->compact, memory_order_relaxed) &&
+	       !atomic_load_explicit(&pool->threads_met, memory_order_relaxed);
+}
+
+/* The block a request of size bytes splits in bins when none fits closely: the first fit, or,
+ * where sop__place_low says so, the lowest-addressed of the first few fits, which gathers small
+ * blocks at low addresses and leaves longer free runs elsewhere. */
+static inline struct sop__block *
+sop__split_fit(struct sop_pool *pool, struct sop__bins *bins, size_t size)
+{
+	if (sop__place_low(pool, size))
+		return sop__bins_find_lowest(bins, size, SOP_COMPACT_PROBES);
+	return sop__bins_find(bins, size);
+}
+
+
 /* The pool's used memory: the sum of its shards. With fold, also raise the watermark by the sum
  * of the shards' highs since the last fold (exact when one stream allocated in between; never
  * below the true peak) and start the shards' highs again. Pool lock held. */

@@ -1,0 +1,549 @@
+/* reuse.c - the slow path: which memory a request takes when its stream's cache has no close
+ * fit, in the order doc/reuse.md describes: the stream's own cache merged, the heap's best fit,
+ * other streams' frees that stream order allows (followed events, probes seen complete, a
+ * wait on a probe), growth, and release of what is idle before giving up.
+ *
+ * Pool lock held, with the stream's lock where a cache is touched; the hot path (stream.c)
+ * comes here when it finds nothing of its own.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Merge each of the stream's cached blocks with neighbours that the stream may also use (FREE,
+ * or cached on the same stream), so that scattered pieces can serve a larger request. The merged
+ * block stays cached on the stream with the latest free among its parts. Pool and stream locks
+ * held. */
+static void
+cache_coalesce(struct sop_pool *pool, struct sop__sstream *ss)
+{
+	struct sop__block **v, *b, *n;
+	size_t cnt, i;
+
+	v = sop__cache_collect(ss, &cnt);
+	for (i = 0; i < cnt; i++) {
+		b = v[i];
+		if (sop__block_state(b) != SOP_BLOCK_CACHED || sop__block_owner(b) != ss)
+			continue; /* absorbed by an earlier one */
+		sop__bins_remove(&ss->cache, b);
+		sop__segment_lock(b->seg);
+		while (b->phys_prev && (sop__block_state(b->phys_prev) == SOP_BLOCK_FREE ||
+					(sop__block_state(b->phys_prev) == SOP_BLOCK_CACHED &&
+					 sop__block_owner(b->phys_prev) == ss)))
+			b = b->phys_prev;
+		if (b != v[i]) {
+			/* b is the run's first block: it becomes the merged block. */
+			if (sop__block_state(b) == SOP_BLOCK_FREE)
+				sop__bins_remove(&pool->heap, b);
+			else
+				sop__bins_remove(&ss->cache, b);
+			atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_CACHED),
+					      memory_order_release);
+			sop__block_set_owner(b, ss);
+			b->seq = b->seq > v[i]->seq ? b->seq : v[i]->seq;
+			/* Put v[i] back so the loop below absorbs it like any neighbour. */
+			sop__bins_insert(&ss->cache, v[i]);
+		}
+		while ((n = b->phys_next) && (sop__block_state(n) == SOP_BLOCK_FREE ||
+					      (sop__block_state(n) == SOP_BLOCK_CACHED && sop__block_owner(n) == ss))) {
+			if (sop__block_state(n) == SOP_BLOCK_FREE) {
+				sop__bins_remove(&pool->heap, n);
+			} else {
+				sop__bins_remove(&ss->cache, n);
+				if (n->seq > b->seq)
+					b->seq = n->seq;
+			}
+			sop__block_absorb_next(pool, b, &pool->spare);
+		}
+		sop__lock_drop(&b->seg->lock);
+		sop__bins_insert(&ss->cache, b);
+	}
+	free(v);
+}
+
+/* After a stream had to grow the pool while another held enough memory whose frees were not
+ * known complete, the next STARVED_COVER frees of large blocks get a probe at once each, so
+ * that a stream short of memory can learn that they completed (flush_observed) rather than
+ * grow the pool again (replaying a training step on three streams, the loader's next batch
+ * found the compute stream's frees uncovered for want of a probe). A stream that keeps
+ * starving others keeps them covered; one that never does again stops paying for the probes.
+ * A small free waits for the next probe, which costs about as much as it does. */
+#define STARVED_COVER 256
+
+/* Before growing for size bytes: if another stream holds that much memory not known complete,
+ * cover the next frees of large blocks. Pool lock held. */
+static void
+note_starved(struct sop_pool *pool, struct sop__sstream *ss, size_t size)
+{
+	if (sop__others_cache(pool, ss, size))
+		atomic_store_explicit(&pool->starved, STARVED_COVER, memory_order_relaxed);
+}
+
+/* A block cached on o of at least size bytes whose free is covered by epoch (seq <= epoch;
+ * UINT64_MAX: any), looking at no more than a bounded number of candidates. Both locks held. */
+#define CROSS_PROBES 32
+
+static struct sop__block *
+cache_find_covered(struct sop__sstream *o, size_t size, uint64_t epoch)
+{
+	struct sop__block *b = sop__bins_find(&o->cache, size);
+	unsigned fl, sl, n = 0;
+
+	if (!b)
+		return NULL;
+	/* Walk from the first fitting list onwards: every block there fits. */
+	sop__bins_index(b->size, &fl, &sl);
+	for (; fl < SOP_FL_COUNT && n < CROSS_PROBES; fl++, sl = 0) {
+		if (!(o->cache.fl_bitmap >> fl & 1))
+			continue;
+		for (; sl < SOP_SL_COUNT && n < CROSS_PROBES; sl++)
+			for (b = o->cache.head[fl][sl]; b && n < CROSS_PROBES; b = b->free_next, n++)
+				if (b->size >= size && b->seq <= epoch)
+					return b;
+	}
+	return NULL;
+}
+
+/* Take b out of o's cache for another stream; the caller carves it (the rest stays pending on
+ * o). o's lock held and dropped here. */
+static struct sop__block *
+cache_take(struct sop__sstream *o, struct sop__block *b)
+{
+	sop__bins_remove(&o->cache, b);
+	sop__block_set_owner(b, NULL);
+	sop__lock_drop(&o->lock);
+	return b;
+}
+
+/* The epoch of s in a clock, 0 if s is not in it. */
+static uint64_t
+clock_epoch(const struct sop__clock *c, const struct sop__stream *s)
+{
+	unsigned i;
+
+	for (i = 0; i < c->n; i++)
+		if (c->e[i].gen == s->gen)
+			return c->e[i].epoch;
+	return 0;
+}
+
+/* Follow event dependencies: memory freed on another stream whose free the allocating stream is
+ * ordered after. Only the streams in this stream's clocks are looked at (a stream that waited on
+ * nothing costs one load here, whatever the number of streams). What events carry is a claim
+ * (order.c): a block is taken under one only after this stream waited for a probe of the other
+ * that covers the free (sop__stream_wait_for), which the GPU finds already passed when the claim
+ * is true; a proven dependency needs no new wait. Pool lock held; stream names ss's stream. */
+static struct sop__block *
+take_followed(struct sop_pool *pool, struct sop__sstream *ss, CUstream stream, size_t size,
+	      size_t limit, struct sop__sstream **from)
+{
+	struct sop__clock deps, claims;
+	struct sop__sstream *o;
+
+	sop__stream_order(ss->st, &deps, &claims);
+	if (!deps.n && !claims.n)
+		return NULL;
+	for (o = pool->streams; o; o = o->next) {
+		uint64_t proven, claim;
+		struct sop__block *b;
+
+		if (o == ss)
+			continue;
+		proven = clock_epoch(&deps, o->st);
+		claim = clock_epoch(&claims, o->st);
+		if (!proven && !claim)
+			continue;
+		sop__lock_take(&o->lock);
+		b = o->cache.n_bytes >= size
+			    ? cache_find_covered(o, size, proven > claim ? proven : claim)
+			    : NULL;
+		if (b && b->size <= limit &&
+		    (b->seq <= proven ||
+		     sop__stream_wait_for(ss->st, stream, o->st, b->seq) == CUDA_SUCCESS)) {
+			*from = o;
+			return cache_take(o, b);
+		}
+		sop__lock_drop(&o->lock);
+	}
+	return NULL;
+}
+
+/* Whether o's cache holds a block a request of size bytes would take whole. */
+static bool
+cache_has_close(struct sop__sstream *o, size_t size)
+{
+	bool has;
+
+	sop__lock_take(&o->lock);
+	has = sop__bins_find_close(&o->cache, size, sop__close_limit(size)) != NULL;
+	sop__lock_drop(&o->lock);
+	return has;
+}
+
+/* How many streams a request with a loose fit asks (flush_observed), and how long after such
+ * a request asked in vain the next one does not ask. */
+#define CLOSE_POLLS 2
+#define CLOSE_POLL_GAP_NS 100000
+
+/* Opportunistic: ask the probes of the other streams holding cached memory what has completed,
+ * and give what has to the heap. With close (a request that has a fit, only a loose one, looking
+ * for a block it would take whole), only streams holding such a block are asked, at most
+ * CLOSE_POLLS of them, and not at all within CLOSE_POLL_GAP_NS of such a request that found
+ * nothing: a query of a running stream costs more than the allocation it serves, and when many
+ * streams each start with such a request (say after a synchronization, while the others' first
+ * kernels run), asking every time delays every stream's next launch (sixteen streams of 64 MiB
+ * blocks ran at 1.07 of the ideal wall time with every request asking, 1.01 with none). Pool
+ * lock held. Returns true if anything moved. */
+/* Whether flush_observed, for ss and close (0: no fit at all), asks o. Pool lock held. */
+static bool
+asks(struct sop__sstream *ss, struct sop__sstream *o, size_t close)
+{
+	return o != ss && sop__sstream_cached(o) && (!close || cache_has_close(o, close));
+}
+
+static bool
+flush_observed(struct sop_pool *pool, struct sop__sstream *ss, size_t close)
+{
+	struct sop__sstream *o;
+	bool moved = false;
+	int asked = 0;
+	uint64_t t = 0;
+
+	if (close) {
+		t = sop__now_ns();
+		if (t < pool->loose_poll_ns)
+			return false;
+	}
+	for (o = pool->streams; o; o = o->next) {
+		uint64_t done;
+
+		if ((close && asked == CLOSE_POLLS) || !asks(ss, o, close))
+			continue;
+		asked++;
+		done = sop__stream_poll(o->st);
+		if (done && sop__sstream_flush(o, done))
+			moved = true;
+	}
+	if (close && asked && !moved)
+		pool->loose_poll_ns = t + CLOSE_POLL_GAP_NS;
+	return moved;
+}
+
+/* Internal dependencies: memory whose free is still pending on another stream, taken by making
+ * the allocating stream wait for a probe recorded after the free. Pool lock held. */
+static struct sop__block *
+take_with_wait(struct sop_pool *pool, struct sop__sstream *ss, CUstream stream, size_t size,
+	       struct sop__sstream **from)
+{
+	struct sop__sstream *o;
+
+	for (o = pool->streams; o; o = o->next) {
+		struct sop__block *b;
+		uint64_t newest;
+
+		if (o == ss || sop__sstream_cached(o) < size)
+			continue;
+		newest = atomic_load(&o->st->newest);
+		if (!newest)
+			continue;
+		sop__lock_take(&o->lock);
+		b = cache_find_covered(o, size, newest);
+		if (!b) {
+			/* The pieces may fit once joined. */
+			cache_coalesce(pool, o);
+			b = cache_find_covered(o, size, newest);
+		}
+		if (b && sop__stream_wait_for(ss->st, stream, o->st, b->seq) == CUDA_SUCCESS) {
+			*from = o;
+			return cache_take(o, b);
+		}
+		sop__lock_drop(&o->lock);
+	}
+	return NULL;
+}
+
+/* Flush what the stream's probes have newly seen complete. Pool lock held. */
+static void
+own_flush(struct sop__sstream *ss)
+{
+	uint64_t done = sop__stream_poll(ss->st);
+
+	if (done > ss->flushed) {
+		sop__sstream_flush(ss, done);
+		ss->flushed = done;
+	}
+}
+
+/* Whether learning what has completed may turn up a closer fit for a request of close bytes
+ * than the loose one in hand: this stream's probes have news, or, with the opportunistic
+ * policy, flush_observed would ask another stream. Otherwise the fit in hand is kept, not put
+ * back and looked for again. Pool lock held. */
+static bool
+worth_asking(struct sop_pool *pool, struct sop__sstream *ss, size_t close)
+{
+	struct sop__sstream *o;
+
+	if (sop__stream_poll(ss->st) > ss->flushed)
+		return true;
+	if (!atomic_load(&pool->reuse_opportunistic) || sop__now_ns() < pool->loose_poll_ns)
+		return false;
+	for (o = pool->streams; o; o = o->next)
+		if (asks(ss, o, close))
+			return true;
+	return false;
+}
+
+/* Return a block best_take took, unused, to the bins it came from. Pool lock held. */
+static void
+put_back(struct sop_pool *pool, struct sop__block *b, struct sop__sstream *from)
+{
+	if (from) {
+		sop__lock_take(&from->lock);
+		sop__block_set_owner(b, from);
+		sop__bins_insert(&from->cache, b);
+		sop__lock_drop(&from->lock);
+	} else {
+		sop__bins_insert(&pool->heap, b);
+	}
+}
+
+/* Take b out of the stream's cache for the slow path: without an owner until it is handed out
+ * or put back. Stream lock held. */
+static struct sop__block *
+cache_remove(struct sop__sstream *ss, struct sop__block *b)
+{
+	sop__bins_remove(&ss->cache, b);
+	sop__block_set_owner(b, NULL);
+	return b;
+}
+
+/* Requests up to this size take heap memory from the stream's own segments first; larger ones
+ * take the best fit wherever it is, since for them placement is what keeps the pool small. */
+#define HOME_MAX ((size_t)8 << 20)
+/* How many heap blocks the search for the stream's own looks at. */
+#define HOME_PROBES 64
+
+static bool
+pick_own(const struct sop__block *b, const void *ss)
+{
+	return b->seg->home == ss;
+}
+
+static bool
+pick_nobodys(const struct sop__block *b, const void *ss)
+{
+	(void)ss;
+	return !b->seg->home;
+}
+
+/* The heap's block for a request of ss, left in the heap: the best fit, or, for a small request
+ * once threads have met in the pool, a block in a segment of ss's own, or of nobody's (which
+ * becomes ss's). *crowded: the block returned is in another stream's segment, which the
+ * caller should grow a segment of its own rather than take. Pool lock held. */
+static struct sop__block *
+heap_pick(struct sop_pool *pool, struct sop__sstream *ss, size_t size, bool *crowded)
+{
+	struct sop__block *b = sop__split_fit(pool, &pool->heap, size), *h;
+	unsigned own = HOME_PROBES, nobodys = HOME_PROBES;
+
+	*crowded = false;
+	if (!b || b->seg->home == ss || size > HOME_MAX ||
+	    !atomic_load_explicit(&pool->threads_met, memory_order_relaxed))
+		return b;
+	h = sop__bins_scan(&pool->heap, size, &own, pick_own, ss);
+	if (!h && (h = sop__bins_scan(&pool->heap, size, &nobodys, pick_nobodys, ss)))
+		h->seg->home = ss;
+	if (h)
+		return h;
+	/* Only another stream's, as far as the search went. Once threads meet in the pool,
+	 * sharing a segment with a stream that may be on another thread costs every split and
+	 * merge of both a contended lock: if the search saw every candidate, growing is better. */
+	*crowded = own && nobodys;
+	return b;
+}
+
+/* The better of the fits in the stream's cache and in the heap (heap_pick): the smaller, or,
+ * where sop__split_fit looks for low addresses, the lower; but a heap fit in another stream's
+ * segment (crowded) never beats one in the cache, which is the stream's own memory already and
+ * costs no growth. Taken out of its bins; *from says which (NULL: the heap). Pool lock held. */
+static struct sop__block *
+best_take_locked(struct sop_pool *pool, struct sop__sstream *ss, size_t size,
+		 struct sop__sstream **from, bool *crowded)
+{
+	struct sop__block *mine, *any = heap_pick(pool, ss, size, crowded);
+	bool low = sop__place_low(pool, size);
+
+	mine = sop__split_fit(pool, &ss->cache, size);
+	/* Were the crowded fit to win on size, the caller would grow rather than take it, while
+	 * this fit stayed in the cache: the memory taken from the new piece comes back to the
+	 * cache when freed, and the next request with a tighter heap fit in another stream's
+	 * segment grows again (two threads on their own streams, 300 MiB live, reserved 5-14 GiB
+	 * after a second on the H100). */
+	if (mine &&
+	    (!any || *crowded || (low ? mine->addr <= any->addr : mine->size <= any->size))) {
+		cache_remove(ss, mine);
+		*from = ss;
+		*crowded = false;
+		return mine;
+	}
+	if (any)
+		sop__bins_remove(&pool->heap, any);
+	*from = NULL;
+	return any;
+}
+
+static struct sop__block *
+best_take(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__sstream **from,
+	  bool *crowded)
+{
+	struct sop__block *b;
+
+	sop__lock_take(&ss->lock);
+	b = best_take_locked(pool, ss, size, from, crowded);
+	sop__lock_drop(&ss->lock);
+	return b;
+}
+
+/* Whether a segment of a stream's own, grown rather than share free memory in another's, keeps
+ * the pool within twice its live memory: a pool whose streams come and go (threads that each
+ * bring a stream, a stream per task) would otherwise hold a segment per stream seen lately,
+ * 20 steps for 32 MiB live on the simulated driver, while the memory they give back lies in
+ * segments that their successors do not count as theirs. Pool lock held, no stream's lock. */
+static bool
+affinity_affordable(struct sop_pool *pool)
+{
+	return atomic_load_explicit(&pool->reserved, memory_order_relaxed) <=
+	       2 * sop__pool_used(pool, false);
+}
+
+CUresult
+sop__alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream stream,
+	   size_t size, size_t req, void **ptr)
+{
+	struct sop__sstream *from = NULL;
+	struct sop__block *b = NULL;
+	CUresult r = CUDA_SUCCESS;
+	bool stale = false, crowded = false;
+
+	pthread_mutex_lock(&pool->lock);
+	if (atomic_load(&pool->dead)) {
+		/* Torn down since the caller found it: nothing to allocate from, or to grow. */
+		pthread_mutex_unlock(&pool->lock);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	sop__lock_take(&ss->lock);
+	stale = ss->id != id;
+	if (!stale) {
+		sop__spares_balance(pool, ss);
+		b = best_take_locked(pool, ss, size, &from, &crowded);
+	}
+	sop__lock_drop(&ss->lock);
+	if (stale) {
+		pthread_mutex_unlock(&pool->lock);
+		return CUDA_ERROR_NOT_FOUND; /* caller looks the stream up again */
+	}
+	/* 1. The best fit among the blocks this stream may use: what it freed itself (safe for it
+	 * whatever else is pending), the heap (safe for anyone), and, with the follow policy,
+	 * what other streams freed before an event this stream waited on. The driver's pool
+	 * appears to choose the same way: a block of the right size just freed beats fresh space.
+	 * If none fits closely and the request is large (small ones carve free space without
+	 * asking), or if nothing fits at all, first learn what has completed (it costs queries):
+	 * frees that probes have seen complete go to the heap, where they merge with their free
+	 * neighbours and whole segments become free to reshape; this stream's own, and, with the
+	 * opportunistic policy, other streams'. */
+	if (!b ||
+	    (b->size > sop__close_limit(size) && size >= SOP_POLL_MIN && worth_asking(pool, ss, size))) {
+		size_t close = b ? size : 0;
+
+		if (b)
+			put_back(pool, b, from);
+		own_flush(ss);
+		if (atomic_load(&pool->reuse_opportunistic))
+			flush_observed(pool, ss, close);
+		b = best_take(pool, ss, size, &from, &crowded);
+	}
+	/* Free memory in another stream's segment, once threads meet in the pool: a segment of
+	 * this stream's own, if the pool can grow, costs a step of memory once and keeps this
+	 * thread's splits and merges off the other's lock from then on; not once that would take
+	 * the pool past twice its live memory (affinity_affordable). */
+	if (b && crowded && affinity_affordable(pool)) {
+		/* Back first: growth may join the new memory with it. */
+		put_back(pool, b, from);
+		if (sop__heap_grow(pool, ss, size, &b, &from) != CUDA_SUCCESS)
+			b = best_take(pool, ss, size, &from, &crowded);
+	}
+	if (atomic_load(&pool->reuse_follow)) {
+		struct sop__sstream *o = NULL;
+		struct sop__block *f = take_followed(pool, ss, stream, size, b ? b->size : SIZE_MAX, &o);
+		if (f) {
+			if (b)
+				put_back(pool, b, from);
+			b = f;
+			from = o;
+		}
+	}
+	/* 2. Failing all of those, the stream's pieces joined with their free neighbours. */
+	if (!b) {
+		sop__lock_take(&ss->lock);
+		if (ss->cache.n_bytes >= size) {
+			cache_coalesce(pool, ss);
+			b = sop__bins_find(&ss->cache, size);
+			if (b) {
+				cache_remove(ss, b);
+				from = ss;
+			}
+		}
+		sop__lock_drop(&ss->lock);
+	}
+	/* 3. Before paying for growth, leave a probe on this stream, so that the next time its
+	 * pending frees can be known complete, merged and reshaped (step 1): only memory known
+	 * complete may be unmapped. */
+	if (!b) {
+		uint64_t last;
+		sop__lock_take(&ss->lock);
+		last = ss->cache.n_blocks ? ss->last_seq : 0;
+		sop__lock_drop(&ss->lock);
+		if (last)
+			sop__stream_probe(ss->st, stream, last);
+	}
+	/* 4. More physical memory, next to free memory where that maps less, in place of idle
+	 * pieces too small or too scattered to serve the request. */
+	if (!b) {
+		note_starved(pool, ss, size);
+		r = sop__heap_grow(pool, ss, size, &b, &from);
+		if (r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reserved)) {
+			/* 5. Idle pieces given back to make room for one that fits. */
+			if (sop__heap_release(pool, 0, 0) == CUDA_SUCCESS)
+				r = sop__heap_grow(pool, ss, size, &b, &from);
+		}
+		if (r != CUDA_SUCCESS)
+			b = NULL;
+		if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+			atomic_store(&pool->pressure, true);
+		}
+	}
+	/* 6. Memory still pending on another stream, with a wait inserted. */
+	if (!b && r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reuse_internal))
+		b = take_with_wait(pool, ss, stream, size, &from);
+	if (b) {
+		if (!from)
+			atomic_store_explicit(&pool->heap_user, ss, memory_order_relaxed);
+		/* Under ss's lock (the used-memory shard), which the carve also needs if b was
+		 * ss's; another stream's lock is never taken while holding it. */
+		if (from && from != ss) {
+			sop__block_carve(pool, b, size, from, false);
+			sop__lock_take(&ss->lock);
+		} else {
+			sop__lock_take(&ss->lock);
+			sop__block_carve(pool, b, size, from, true);
+		}
+		sop__block_hand_out(ss, b, req, ptr);
+		sop__lock_drop(&ss->lock);
+		r = CUDA_SUCCESS;
+	} else if (r == CUDA_SUCCESS) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	pthread_mutex_unlock(&pool->lock);
+	return r;
+}

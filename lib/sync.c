@@ -1,0 +1,192 @@
+/* sync.c - synchronization points, across every pool: a stream, event or context synchronized
+ * (or a stream about to be destroyed) makes the frees it covered reusable by every stream,
+ * applies the release thresholds of the pools concerned and finishes the teardown of destroyed
+ * pools that are now empty.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* A synchronization call returned: frees on each stream up to its marked epoch have
+ * completed. Give them to the heap in every pool, apply the release thresholds, and finish the
+ * teardown of destroyed pools. */
+struct sync_mark {
+	struct sop__stream *st;
+	uint64_t epoch;
+};
+
+/* A stream left with nothing cached by a synchronization, its live blocks filling less than half
+ * of its segments, gives them up (sop__segments_disown). A worker that freed everything (or
+ * all but a few blocks), synchronized its stream and destroyed it would otherwise keep them
+ * while other streams' blocks lie there too, and every other stream would grow rather than
+ * use their free memory (heap_pick): until the last of those blocks came back, or a context
+ * synchronization retired its state. Pool lock held. */
+static void
+sstream_disown_if_idle(struct sop_pool *pool, struct sop__sstream *ss)
+{
+	int64_t used;
+	bool cached;
+
+	sop__lock_take(&ss->lock);
+	cached = ss->cache.n_blocks != 0;
+	used = sop__sstream_used(ss);
+	sop__lock_drop(&ss->lock);
+	if (!cached)
+		sop__segments_disown(pool, ss, used > 0 ? (size_t)used : 0);
+}
+
+static void
+sync_complete(const struct sync_mark *marks, size_t n, bool retire)
+{
+	struct sop_pool **pools;
+	struct sop__pin *pin;
+	size_t n_pools, i, k;
+
+	for (k = 0; k < n; k++)
+		sop__stream_completed(marks[k].st, marks[k].epoch);
+	/* Pinned while it holds the snapshot: a pool another thread tears down meanwhile stays
+	 * readable, and is found dead under its lock. */
+	pin = sop__pin();
+	pools = sop__registry_snapshot(&n_pools);
+	for (i = 0; i < n_pools; i++) {
+		struct sop_pool *pool = pools[i];
+		struct sop__sstream *ss;
+
+		pthread_mutex_lock(&pool->lock);
+		if (atomic_load(&pool->dead)) {
+			pthread_mutex_unlock(&pool->lock);
+			continue;
+		}
+		for (ss = pool->streams; ss; ss = ss->next)
+			for (k = 0; k < n; k++)
+				if (ss->st == marks[k].st) {
+					sop__sstream_flush(ss, marks[k].epoch);
+					sstream_disown_if_idle(pool, ss);
+				}
+		if (retire && pool->n_streams > 16)
+			sop__sstream_retire_idle(pool);
+		atomic_store(&pool->pressure, false);
+		sop__pool_apply_threshold(pool);
+		if (!sop__pool_reap(pool))
+			pthread_mutex_unlock(&pool->lock);
+	}
+	sop__unpin(pin);
+	free(pools);
+	sop__epoch_reclaim();
+}
+
+void
+sop__pools_stream_gone(uint64_t id)
+{
+	struct sop_pool **pools;
+	size_t n_pools, i;
+
+	pools = sop__registry_snapshot(&n_pools);
+	for (i = 0; i < n_pools; i++) {
+		struct sop__sstream *ss;
+
+		pthread_mutex_lock(&pools[i]->lock);
+		if (!atomic_load(&pools[i]->dead) && (ss = sop__sstream_find(pools[i], id))) {
+			atomic_store_explicit(&ss->gone, true, memory_order_relaxed);
+			sop__segments_disown(pools[i], ss, 0);
+		}
+		pthread_mutex_unlock(&pools[i]->lock);
+	}
+	free(pools);
+}
+
+CUresult
+sop__sync_stream(CUstream stream)
+{
+	struct sync_mark mark;
+	CUresult r;
+
+	/* Held, not pinned, through the driver's synchronization (epoch.c: no pin waits). */
+	r = sop__stream_lookup(stream, true, &mark.st);
+	if (r == CUDA_ERROR_OUT_OF_MEMORY)
+		return SOP_DRV(cuStreamSynchronize)(stream);
+	if (r != CUDA_SUCCESS)
+		return r;
+	/* Frees tagged up to this epoch were called before the synchronize. */
+	mark.epoch = sop__stream_mark(mark.st);
+	r = SOP_DRV(cuStreamSynchronize)(stream);
+	if (r == CUDA_SUCCESS)
+		sync_complete(&mark, 1, false);
+	sop__stream_release(mark.st);
+	return r;
+}
+
+CUresult
+sop__sync_ctx(void)
+{
+	struct sop__stream **all;
+	struct sync_mark *marks;
+	unsigned long long ctx_id;
+	CUcontext ctx = NULL;
+	size_t n, i;
+	CUresult r;
+
+	r = SOP_DRV(cuCtxGetCurrent)(&ctx);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!ctx)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	/* By id: a destroyed context's handle value names the next context created. */
+	r = SOP_DRV(cuCtxGetId)(ctx, &ctx_id);
+	if (r != CUDA_SUCCESS)
+		return r;
+	all = sop__stream_all(ctx_id, &n); /* held */
+	marks = n ? calloc(n, sizeof *marks) : NULL;
+	for (i = 0; marks && i < n; i++) {
+		marks[i].st = all[i];
+		marks[i].epoch = sop__stream_mark(all[i]);
+	}
+	r = SOP_DRV(cuCtxSynchronize)();
+	if (r == CUDA_SUCCESS)
+		sync_complete(marks, marks ? n : 0, true); /* without host memory, nothing: safe */
+	for (i = 0; i < n; i++)
+		sop__stream_release(all[i]);
+	free(marks);
+	free(all);
+	return r;
+}
+
+CUresult
+sop__sync_event(CUevent event)
+{
+	struct sync_mark marks[SOP_DEPS];
+	struct sop__clock clock;
+	size_t n = 0, i;
+	CUresult r;
+
+	if (!sop__event_clock(event, &clock))
+		clock.n = 0;
+	r = SOP_DRV(cuEventSynchronize)(event);
+	if (r != CUDA_SUCCESS)
+		return r;
+	/* What the event carries is a claim (order.c): the application may have recorded it
+	 * again, or destroyed it and made another at the same handle, without sop. Each stream's
+	 * frees become reusable as far as its probes, recorded before the event, now show them
+	 * complete, which is all of the claim when it is true. A stream whose record is gone has
+	 * nothing cached anywhere. */
+	for (i = 0; i < clock.n; i++) {
+		struct sop__stream *st = sop__stream_find(clock.e[i].id, clock.e[i].gen);
+		uint64_t proven, upto;
+
+		if (!st)
+			continue;
+		proven = sop__stream_prove(st);
+		upto = proven < clock.e[i].epoch ? proven : clock.e[i].epoch;
+		if (upto) {
+			marks[n].st = st;
+			marks[n++].epoch = upto;
+		} else {
+			sop__stream_release(st);
+		}
+	}
+	sync_complete(marks, n, false);
+	for (i = 0; i < n; i++)
+		sop__stream_release(marks[i].st);
+	return r;
+}
