@@ -726,6 +726,9 @@ void sop__stream_after_free(struct sop__stream *st, CUstream handle, uint64_t se
 /* Record a probe on the stream (named by handle in the current call, checked) now, unless one
  * already covers frees tagged seq. A failure only loses a chance to learn. */
 void sop__stream_probe(struct sop__stream *st, CUstream handle, uint64_t seq);
+/* A probe covering every free on st so far, unless one already does; handle names st in the
+ * current call, checked. */
+void sop__probe_all_frees(struct sop__stream *st, CUstream handle);
 /* Frees on the stream up to epoch are known complete (a synchronization or a probe said so). */
 void sop__stream_completed(struct sop__stream *st, uint64_t epoch);
 /* Query the stream's pending probes (not again within a few microseconds of a query that found
