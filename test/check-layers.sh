@@ -14,8 +14,9 @@ libdir=$(dirname "$map")
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 
-# The map: the file list in the first comment of internal.h, numbered in call order.
-sed -n '1,/\*\//p' "$map" | sed -n 's/^ \*   *\([a-z0-9_]*\.c\) .*/\1/p' | awk '{print $1, NR}' \
+# The map: the file list in the first comment of internal.h (a file name three spaces after
+# the star; other lines are headings and continuations), numbered in call order.
+sed -n '1,/\*\//p' "$map" | sed -n 's/^ \*   \([a-z0-9_]*\.c\) .*/\1/p' | awk '{print $1, NR}' \
 	> "$tmp/rank"
 if [ ! -s "$tmp/rank" ]; then
 	echo "no file list found at the top of $map"
