@@ -327,7 +327,8 @@ span_alone(const struct sop_pool *pool, CUdeviceptr prev, CUdeviceptr addr, CUde
  * known to be empty, so it is only written: in a leaf just attached its line is cold, and the
  * store does not wait for it. Segment lock held. */
 void
-sop__map_add(struct sop_pool *pool, struct sop__leaves *spares, CUdeviceptr addr, struct sop__block *b)
+sop__map_add(struct sop_pool *pool, struct sop__leaves *spares, CUdeviceptr addr,
+	     struct sop__block *b)
 {
 	uint64_t key = (addr - pool->va_base) >> SOP_ALIGN_LOG2;
 	size_t i = key >> SOP_MAP_LEAF_LOG2;
@@ -383,7 +384,7 @@ sop__map_remove(struct sop_pool *pool, struct sop__segment *seg, CUdeviceptr add
  * slot's leaf, if it needs one, comes from spares. Segment lock held. */
 void
 sop__block_split(struct sop_pool *pool, struct sop__block *b, struct sop__block *rest, size_t size,
-	    enum sop__state state, struct sop__leaves *spares)
+		 enum sop__state state, struct sop__leaves *spares)
 {
 	rest->addr = b->addr + size;
 	rest->size = b->size - size;

@@ -212,7 +212,7 @@ sop__event_record(CUevent ev, CUstream stream)
 		return r;
 	/* So that what the event claims can be proven: a probe before it, covering the frees on
 	 * the stream so far, which the event's completion then implies (sop__sync_event), and which
-	 * a stream that follows the claim can wait for (stream.c, take_followed). */
+	 * a stream that follows the claim can wait for (reuse.c, take_followed). */
 	sop__probe_all_frees(st, stream);
 	/* What the stream is ordered after, proven or claimed, it passes on as claims. A stream
 	 * that never waited (most) carries only its own position: no lock. A wait another thread

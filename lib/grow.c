@@ -195,7 +195,8 @@ join_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b, s
 		d = NULL;
 	} else if (own_n && !own_p && n->size + b->size - size >= SOP_ALIGN && leaf) {
 		struct sop__block *head = b;
-		sop__block_split(pool, b, d, b->size - (size - n->size), SOP_BLOCK_FREE, &seg->leaves);
+		sop__block_split(pool, b, d, b->size - (size - n->size), SOP_BLOCK_FREE,
+				 &seg->leaves);
 		b = d;
 		d = NULL;
 		sop__bins_insert(&pool->heap, head);

@@ -1,5 +1,5 @@
-/* pool.c - pool objects: creation and teardown, attributes, peer access, trimming, and what
- * happens at synchronization points.
+/* pool.c - pool objects: creation and teardown, attributes, peer access and trimming. What
+ * happens at synchronization points, across every pool, is sync.c's.
  *
  * A pool is torn down when it has been destroyed and nothing is left in it: no live allocation
  * and no pending free. Destroying a pool with live allocations only marks it; the last free
@@ -84,7 +84,7 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **ou
 	sop__pool_ctx_pop(pool);
 	if (r != CUDA_SUCCESS)
 		goto fail_ctx;
-	/* The first granule is kept for the anchor (heap.c, anchor_make). */
+	/* The first granule is kept for the anchor (vmm.c, sop__anchor_make). */
 	pool->va_free->off = pool->granularity;
 	pool->va_free->size = pool->va_size - pool->granularity;
 	if (!sop__map_init(pool)) {

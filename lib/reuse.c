@@ -419,7 +419,7 @@ affinity_affordable(struct sop_pool *pool)
 
 CUresult
 sop__alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream stream,
-	   size_t size, size_t req, void **ptr)
+		size_t size, size_t req, void **ptr)
 {
 	struct sop__sstream *from = NULL;
 	struct sop__block *b = NULL;
@@ -453,7 +453,8 @@ sop__alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUs
 	 * neighbours and whole segments become free to reshape; this stream's own, and, with the
 	 * opportunistic policy, other streams'. */
 	if (!b ||
-	    (b->size > sop__close_limit(size) && size >= SOP_POLL_MIN && worth_asking(pool, ss, size))) {
+	    (b->size > sop__close_limit(size) && size >= SOP_POLL_MIN &&
+	     worth_asking(pool, ss, size))) {
 		size_t close = b ? size : 0;
 
 		if (b)

@@ -47,7 +47,8 @@ sstream_new(struct sop_pool *pool, uint64_t id, struct sop__stream *st)
 
 /* The pool's state for the stream with this id, made if the pool has none. */
 CUresult
-sop__sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id, struct sop__stream_ref *out)
+sop__sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id,
+		    struct sop__stream_ref *out)
 {
 	struct sop__stream *st;
 	struct sop__sstream *ss;

@@ -1,11 +1,13 @@
-/* stream.c - stream-ordered free caches and the hot path.
+/* stream.c - the hot path: allocation and free in stream order on a stream's own cache, and the
+ * thread-local cache through which a call finds the pool's state for its stream (sstream.c).
  *
  * Each pool keeps, per stream, the blocks freed on that stream whose frees have not been seen
  * to complete. Work enqueued on the stream later runs after the free, so the stream itself may
  * reuse them at once: a same-stream free and allocation is a push and a pop on the stream's
  * bins under the stream's own lock, with no pool-wide lock. Other streams get these blocks only
  * when stream order allows: at synchronization points, through events, when probes show the
- * frees complete, or by waiting on a probe (doc/reuse.md; the slow path below, with order.c).
+ * frees complete, or by waiting on a probe (doc/reuse.md; the slow path, reuse.c, with order.c
+ * and event.c).
  *
  * Who the stream is. An allocation asks the driver for the id of the stream its handle names
  * (order.c says why a handle is no identity), and a thread finds the pool's state for that

@@ -46,7 +46,7 @@
 #define SOP_VA_MAX ((size_t)1 << 41)
 /* Slots per block-map leaf, as a power of two: a leaf covers 64 KiB of addresses (one span of
  * the directory) in 512-byte slots. Spans are small so that blocks of megabytes, which start
- * far apart, mostly have a span each and need no leaf (heap.c). */
+ * far apart, mostly have a span each and need no leaf (blockmap.c). */
 #define SOP_MAP_LEAF_LOG2 7
 /* The addresses a leaf covers, a directory entry's span. */
 #define SOP_MAP_SPAN (SOP_ALIGN << SOP_MAP_LEAF_LOG2)
@@ -315,7 +315,7 @@ struct sop__piece {
 	CUmemGenericAllocationHandle handle;
 };
 
-/* Spare block-map leaves (heap.c): at most this many on hand. */
+/* Spare block-map leaves (blockmap.c): at most this many on hand. */
 #define SOP_LEAVES_KEPT 32
 struct sop__map_leaf;
 struct sop__leaves {
@@ -444,9 +444,9 @@ struct sop__sstream {
 	uint64_t id;            /* cuStreamGetId: unique for the process's lifetime; 0 once retired */
 	struct sop__stream *st; /* the stream's record (order.c) */
 	/* Used memory, sharded: bytes allocated on this stream and not yet freed, and the highest
-	 * value since the pool last folded the shards (pool.c). used_local and used_hw change only
-	 * under the lock, so a same-stream allocation and free cost no atomic operation; a free on
-	 * another stream, or sop_free, subtracts from used_remote instead. */
+	 * value since the pool last folded the shards (sop__pool_used). used_local and used_hw change
+	 * only under the lock, so a same-stream allocation and free cost no atomic operation; a free
+	 * on another stream, or sop_free, subtracts from used_remote instead. */
 	int64_t used_local, used_hw;
 	_Atomic int64_t used_remote;
 	uint64_t last_seq; /* the tag of the latest free into the cache */
@@ -498,7 +498,7 @@ struct sop_pool {
 	size_t max_size; /* 0: no cap besides the device */
 	CUdeviceptr va_base;
 	size_t va_size;
-	_Atomic(uintptr_t) *map_dir; /* the block map, an entry per 64 KiB (heap.c) */
+	_Atomic(uintptr_t) *map_dir; /* the block map, an entry per 64 KiB (blockmap.c) */
 	/* Moves on when a retirement pass retires stream states: thread caches follow only entries
 	 * of the current generation (stream.c). */
 	_Atomic uint64_t states_gen;
@@ -517,7 +517,7 @@ struct sop_pool {
 	CUmemGenericAllocationHandle *orphans;
 	size_t n_orphans;
 	/* Host memory mapped at va_base from the first release that left the pool empty, so that
-	 * the driver keeps the page tables there (heap.c, anchor_make). */
+	 * the driver keeps the page tables there (vmm.c, sop__anchor_make). */
 	CUmemGenericAllocationHandle anchor;
 	bool anchored, anchor_tried;
 	struct sop__bins heap;
@@ -558,7 +558,7 @@ struct sop_pool {
 	SOP_PAD(pad2);
 
 	/* The block map's spare leaves, under leaf_lock, which segment lock holders take now and
-	 * then to refill or shed their own spares (heap.c). */
+	 * then to refill or shed their own spares (blockmap.c). */
 	struct sop__lock leaf_lock;
 	struct sop__map_leaf **leaf_spare;
 	size_t n_leaf_spare, cap_leaf_spare, n_leaves;
