@@ -45,7 +45,7 @@
 
 #include "types.h"
 
-/* ---- driver.c ----------------------------------------------------------------------------- */
+/* ---- driver.c ---------------------------------------------------------------------------- */
 
 extern __thread struct sop__counts *sop__tcounts __attribute__((tls_model("initial-exec")));
 struct sop__counts *sop__counts_slow(void);
@@ -78,7 +78,7 @@ CUresult sop__driver_primary(CUdevice device, CUcontext *out);
 CUresult sop__pool_ctx_push(struct sop_pool *pool);
 void sop__pool_ctx_pop(struct sop_pool *pool);
 
-/* ---- epoch.c ------------------------------------------------------------------------------ */
+/* ---- epoch.c ----------------------------------------------------------------------------- */
 
 extern struct sop__epoch_global sop__epoch;
 extern __thread struct sop__pin *sop__pin_self __attribute__((tls_model("initial-exec")));
@@ -150,7 +150,7 @@ void sop__epoch_bound(void);
 /* Pools retired and not yet freed, for tests. */
 size_t sop__epoch_retired(void);
 
-/* ---- bins.c ------------------------------------------------------------------------------- */
+/* ---- bins.c ------------------------------------------------------------------------------ */
 
 void sop__bins_insert(struct sop__bins *bins, struct sop__block *b);
 /* The first block, in the order sop__bins_find would try them, that fits size bytes and that
@@ -179,7 +179,7 @@ bool sop__bins_hint_smaller(struct sop__bins *bins, size_t size, size_t have);
 /* The list a block of this size lives in (for checks). */
 void sop__bins_index(size_t size, unsigned *fl, unsigned *sl);
 
-/* ---- registry.c --------------------------------------------------------------------------- */
+/* ---- registry.c -------------------------------------------------------------------------- */
 
 /* Driver init plus the process-wide tables; every public call starts here. */
 CUresult sop__init(void);
@@ -237,7 +237,7 @@ extern _Atomic(struct sop_pool *) *sop__current_pools;
  * with a destroyed pool as current. */
 void sop__forget_current(struct sop_pool *pool);
 
-/* ---- vmm.c -------------------------------------------------------------------------------- */
+/* ---- vmm.c ------------------------------------------------------------------------------- */
 
 /* Create, map and open one physical allocation of size bytes at va, accessible to the pool's
  * devices. Context current. */
@@ -253,7 +253,7 @@ void sop__anchor_make(struct sop_pool *pool);
 /* Unmap and release the anchor, if any. Context current, pool lock held. */
 CUresult sop__heap_anchor_drop(struct sop_pool *pool);
 
-/* ---- blockmap.c --------------------------------------------------------------------------- */
+/* ---- blockmap.c -------------------------------------------------------------------------- */
 
 /* The block map: the descriptor of the block starting at addr, or NULL. Lock-free to read;
  * a slot is written under the lock of the segment that holds addr. A descriptor it returns
@@ -286,7 +286,7 @@ void sop__map_remove(struct sop_pool *pool, struct sop__segment *seg, CUdevicept
 void sop__block_split(struct sop_pool *pool, struct sop__block *b, struct sop__block *rest,
 		      size_t size, enum sop__state state, struct sop__leaves *spares);
 
-/* ---- block.c ------------------------------------------------------------------------------ */
+/* ---- block.c ----------------------------------------------------------------------------- */
 
 /* Descriptors come from a per-pool slab: the heap never calls malloc per block on its paths. */
 struct sop__block *sop__block_new(struct sop_pool *pool);
@@ -317,7 +317,7 @@ void sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct 
  * another stream's. Pool lock held. */
 struct sop__block *sop__heap_put(struct sop_pool *pool, struct sop__block *b);
 
-/* ---- segment.c ---------------------------------------------------------------------------- */
+/* ---- segment.c --------------------------------------------------------------------------- */
 
 /* The growth and release paths' pieces of a segment, pool lock held: reserved memory counted;
  * HOLE blocks linked in the pool's list; a segment of at least min bytes (size if the
@@ -342,7 +342,7 @@ CUresult sop__heap_set_access(struct sop_pool *pool, const CUmemAccessDesc *want
  * addresses (sop_pool_get_free_extents). Takes the pool lock. */
 void sop__heap_free_extents(struct sop_pool *pool, size_t *largest, size_t *total);
 
-/* ---- release.c ---------------------------------------------------------------------------- */
+/* ---- release.c --------------------------------------------------------------------------- */
 
 /* Release pieces that FREE blocks cover whole, largest first, while reserved > target and the
  * release keeps reserved >= floor. Pool lock held. Stops at the first driver error and returns it. */
@@ -353,7 +353,7 @@ CUresult sop__release_idle(struct sop_pool *pool, size_t target, size_t floor, s
 /* Free the host side of a pool whose segments have all been released. */
 void sop__heap_destroy(struct sop_pool *pool);
 
-/* ---- grow.c ------------------------------------------------------------------------------- */
+/* ---- grow.c ------------------------------------------------------------------------------ */
 
 /* Map physical memory for a block of at least size bytes and take it (*out): next to free
  * memory (FREE, or cached on ss) if that maps less, else in a hole of a segment of ss's own or
@@ -368,7 +368,7 @@ CUresult sop__heap_grow(struct sop_pool *pool, struct sop__sstream *ss, size_t s
  * Pool lock held. */
 void sop__segments_disown(struct sop_pool *pool, const struct sop__sstream *ss, size_t used);
 
-/* ---- order.c ------------------------------------------------------------------------------ */
+/* ---- order.c ----------------------------------------------------------------------------- */
 
 /* NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: a stream of the current context. */
 static inline bool
@@ -426,7 +426,7 @@ uint64_t sop__stream_prove(struct sop__stream *st);
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t sop__now_ns(void);
 
-/* ---- event.c ------------------------------------------------------------------------------ */
+/* ---- event.c ----------------------------------------------------------------------------- */
 
 /* What t's future work is ordered after, proven (deps) and claimed (claims), copied. */
 void sop__stream_order(struct sop__stream *t, struct sop__clock *deps, struct sop__clock *claims);
@@ -443,7 +443,7 @@ void sop__event_forget(CUevent ev);
 /* Events whose claims sop keeps, for tests (at most 2048). */
 size_t sop__events_live(void);
 
-/* ---- sstream.c ---------------------------------------------------------------------------- */
+/* ---- sstream.c --------------------------------------------------------------------------- */
 
 /* The pool's state for a stream id, or NULL. Pool lock held. */
 struct sop__sstream *sop__sstream_find(struct sop_pool *pool, uint64_t id);
@@ -470,7 +470,7 @@ void sop__sstream_destroy_all(struct sop_pool *pool);
  * below the true peak) and start the shards' highs again. Pool lock held. */
 uint64_t sop__pool_used(struct sop_pool *pool, bool fold);
 
-/* ---- reuse.c ------------------------------------------------------------------------------ */
+/* ---- reuse.c ----------------------------------------------------------------------------- */
 
 /* The slow path of an allocation of size bytes (req asked) on ss, the state of the
  * stream with this id, found unlocked. CUDA_ERROR_NOT_FOUND: the state was retired meanwhile
@@ -524,7 +524,7 @@ sop__split_fit(struct sop_pool *pool, struct sop__bins *bins, size_t size)
 	return sop__bins_find(bins, size);
 }
 
-/* ---- pool.c ------------------------------------------------------------------------------- */
+/* ---- pool.c ------------------------------------------------------------------------------ */
 
 CUresult sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **out);
 /* Mark destroyed and tear down if nothing is left in it. */
@@ -544,7 +544,7 @@ CUresult sop__pool_get_access(struct sop_pool *pool, const CUmemLocation *loc,
 CUresult sop__pool_set_access(struct sop_pool *pool, const CUmemAccessDesc *map, size_t count);
 CUresult sop__pool_trim(struct sop_pool *pool, size_t keep);
 
-/* ---- sync.c ------------------------------------------------------------------------------- */
+/* ---- sync.c ------------------------------------------------------------------------------ */
 
 /* Synchronize, then make the frees the synchronization covered reusable by every stream and
  * apply the release thresholds of the pools concerned. */
@@ -555,7 +555,7 @@ void sop__pools_stream_gone(uint64_t id);
 CUresult sop__sync_ctx(void);
 CUresult sop__sync_event(CUevent event);
 
-/* ---- stream.c ----------------------------------------------------------------------------- */
+/* ---- stream.c ---------------------------------------------------------------------------- */
 
 /* Allocation in stream order, on the stream stream names now and whose id the caller asked
  * (sop__stream_id). */
@@ -563,7 +563,7 @@ CUresult sop__alloc(struct sop_pool *pool, CUstream stream, uint64_t id, size_t 
 /* Free in stream order. */
 CUresult sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream);
 
-/* ---- devices.c ---------------------------------------------------------------------------- */
+/* ---- devices.c --------------------------------------------------------------------------- */
 
 /* The device's default pool, made on first use. */
 CUresult sop__default_pool(CUdevice device, struct sop_pool **out);
@@ -571,18 +571,18 @@ CUresult sop__current_pool(CUdevice device, struct sop_pool **out);
 /* CUDA_ERROR_INVALID_VALUE for a pool of another device or one being destroyed. */
 CUresult sop__set_current_pool(CUdevice device, struct sop_pool *pool);
 
-/* ---- sop.c -------------------------------------------------------------------------------- */
+/* ---- sop.c ------------------------------------------------------------------------------- */
 
 /* The public API, sop.h; nothing of its own here. */
 
-/* ---- check.c ------------------------------------------------------------------------------ */
+/* ---- check.c ----------------------------------------------------------------------------- */
 
 /* Walk every structure of the pool and check its invariants. Returns 0, or the source line of
  * the first invariant that does not hold; 0 for NULL or a torn-down pool (nothing to check).
  * Takes the pool lock; call it when no other thread is using the pool. */
 int sop__pool_check(struct sop_pool *pool);
 
-/* ---- preload.c ---------------------------------------------------------------------------- */
+/* ---- preload.c --------------------------------------------------------------------------- */
 
 /* glibc's dlsym, which the interposer overrides: driver.c, built into it (SOP_PRELOAD), resolves
  * sop's table through this. */

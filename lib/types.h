@@ -19,7 +19,7 @@
 #define SOP_LIKELY(x) __builtin_expect(!!(x), 1)
 #define SOP_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
-/* ---- Sizes ------------------------------------------------------------------------------ */
+/* ---- Sizes ------------------------------------------------------------------------------- */
 
 /* Every block is a multiple of 512 bytes and 512-byte aligned, the driver's own spacing. */
 #define SOP_ALIGN_LOG2 9
@@ -111,7 +111,7 @@ sop__lock_take_waited(struct sop__lock *l)
 	return true;
 }
 
-/* ---- The driver's table and call counts (driver.c) ---------------------------------------- */
+/* ---- The driver's table and call counts (driver.c) --------------------------------------- */
 
 /* Every driver entry point sop calls. The names go through cuda.h's macros, so a member and the
  * symbol it is loaded from are the versioned ones (cuMemGetInfo -> cuMemGetInfo_v2). */
@@ -174,7 +174,7 @@ struct sop__counts {
 	struct sop__counts *prev, *next;
 };
 
-/* ---- Deferred reclamation (epoch.c) ------------------------------------------------------- */
+/* ---- Deferred reclamation (epoch.c) ------------------------------------------------------ */
 
 /* Deferred reclamation. A call that reads a pool it found without the pool's lock (through a
  * handle, the address registry, a device's current pool, a snapshot of live pools) pins its
@@ -202,7 +202,7 @@ struct sop__retired {
 	bool bounded; /* counted in n_retired: a pool */
 };
 
-/* ---- Free lists (bins.c) ------------------------------------------------------------------ */
+/* ---- Free lists (bins.c) ----------------------------------------------------------------- */
 
 #define SOP_SL_LOG2 5
 #define SOP_SL_COUNT (1 << SOP_SL_LOG2)
@@ -233,7 +233,7 @@ sop__bins_bytes(struct sop__bins *bins)
 	return __atomic_load_n(&bins->n_bytes, __ATOMIC_RELAXED);
 }
 
-/* ---- Blocks, pieces and segments (block.c, vmm.c, segment.c) ------------------------------ */
+/* ---- Blocks, pieces and segments (block.c, vmm.c, segment.c) ----------------------------- */
 
 enum sop__state {
 	SOP_BLOCK_DEAD = 0,   /* descriptor on the pool's spare list */
@@ -370,7 +370,7 @@ sop__segment_lock(struct sop__segment *seg)
 		atomic_store_explicit(seg->met, true, memory_order_relaxed);
 }
 
-/* ---- Stream records (order.c) ------------------------------------------------------------- */
+/* ---- Stream records (order.c) ------------------------------------------------------------ */
 
 #define SOP_PROBES 4
 #define SOP_DEPS 16
@@ -431,7 +431,7 @@ sop__stream_freed(struct sop__stream *st, uint64_t seq)
 		atomic_store_explicit(&st->last_free, seq, memory_order_relaxed);
 }
 
-/* ---- A pool's stream states (sstream.c) --------------------------------------------------- */
+/* ---- A pool's stream states (sstream.c) -------------------------------------------------- */
 
 /* A pool's view of one stream: the blocks freed on it that only it may reuse yet, each tagged
  * with the stream's epoch at its free. The lock guards the cache and the identity; a state
@@ -480,7 +480,7 @@ struct sop__stream_ref {
 	uint64_t id;
 };
 
-/* ---- Pools (pool.c) ----------------------------------------------------------------------- */
+/* ---- Pools (pool.c) ---------------------------------------------------------------------- */
 
 /* The hot paths of many threads read the first group of a pool's fields on every call: they
  * must not lose its line each time the slow path writes the heap or the lock. */
@@ -616,7 +616,7 @@ sop__used_sub(struct sop__block *b, struct sop__sstream *ss)
 	__atomic_store_n(&b->req, 0, __ATOMIC_RELAXED);
 }
 
-/* ---- Pool handles (registry.c) ------------------------------------------------------------ */
+/* ---- Pool handles (registry.c) ----------------------------------------------------------- */
 
 /* Pool handles. A sop_pool_t is gen << SOP_HANDLE_INDEX_BITS | index: a slot of a table and the
  * generation the slot had when the pool took it. A slot names its pool until the pool is torn
