@@ -1,0 +1,121 @@
+# report.py OUTDIR: medians of bench/clients/run.sh's runs (clients.jsonl) into summary.md and
+# clients.png (when matplotlib is there).
+import json, os, statistics, sys
+
+out = sys.argv[1]
+rows = [json.loads(l) for l in open(os.path.join(out, "clients.jsonl")) if l.strip()]
+by = {}
+for r in rows:
+    by.setdefault(r["label"], []).append(r)
+GiB, MiB = float(1 << 30), float(1 << 20)
+
+
+def med(label, key):
+    v = [r[key] for r in by.get(label, []) if not r.get("failed") and r.get(key) is not None]
+    return statistics.median(v) if v else None
+
+
+def rng(label, key, scale=1.0, fmt="%.1f"):
+    v = [r[key] / scale for r in by.get(label, []) if not r.get("failed") and r.get(key) is not None]
+    if not v:
+        return "-"
+    m = statistics.median(v)
+    return (fmt % m) + (" (" + fmt % min(v) + "-" + fmt % max(v) + ")" if len(v) > 1 else "")
+
+
+def failed(label):
+    return sum(1 for r in by.get(label, []) if r.get("failed"))
+
+
+lines = ["# Real programs under sop-run, beside their other allocators", ""]
+lines += ["Medians over runs (range in parentheses), each run a fresh process, modes interleaved.",
+          "`machine.txt` names the commit, GPU, driver and framework versions.", ""]
+
+if any(k.startswith("torch-") for k in by):
+    lines += ["## PyTorch: GPT-style training, shapes changing every step (torch_gpt.py)", "",
+              "| allocator | median step ms | p90 step ms | peak reserved GiB | peak allocated GiB | reserved / allocated | device used GiB | final loss | failed runs |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    names = {"torch-native": "native caching allocator", "torch-driver": "cudaMallocAsync, driver's pool",
+             "torch-sop": "cudaMallocAsync under sop-run"}
+    for k, name in names.items():
+        if k not in by:
+            continue
+        res, alloc = med(k, "peak_reserved"), med(k, "peak_allocated")
+        ratio = "%.3f" % (res / alloc) if res and alloc else "-"
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %d |" % (
+            name, rng(k, "median_ms"), rng(k, "p90_ms"), rng(k, "peak_reserved", GiB, "%.2f"),
+            rng(k, "peak_allocated", GiB, "%.2f"), ratio, rng(k, "device_used_peak", GiB, "%.2f"),
+            rng(k, "loss_last", 1.0, "%.4f"), failed(k)))
+    d, s, n = med("torch-driver", "median_ms"), med("torch-sop", "median_ms"), med("torch-native", "median_ms")
+    rd, rs = med("torch-driver", "peak_reserved"), med("torch-sop", "peak_reserved")
+    lines.append("")
+    if d and s:
+        lines.append("sop step time / driver pool's: %.3f; / native's: %s. sop peak reserved / driver pool's: %s." % (
+            s / d, "%.3f" % (s / n) if n else "-", "%.3f" % (rs / rd) if rs and rd else "-"))
+        ls = {k: [round(r["loss_sum"], 3) for r in by[k] if not r.get("failed")] for k in ("torch-driver", "torch-sop")}
+        lines.append("Sum of the losses of every step, per run: driver pool %s, sop %s." % (ls["torch-driver"], ls["torch-sop"]))
+    lines.append("")
+
+if any(k.startswith("cupy-") for k in by):
+    lines += ["## CuPy: variable shapes on 4 streams (cupy_streams.py)", "",
+              "| pool | ms / iteration | peak reserved MiB | device used MiB | failed runs |",
+              "| --- | --- | --- | --- | --- |"]
+    names = {"cupy-default": "MemoryPool (default)", "cupy-driver": "MemoryAsyncPool, driver's pool",
+             "cupy-sop": "MemoryAsyncPool under sop-run", "cupy-none": "no pool"}
+    for k, name in names.items():
+        if k in by:
+            lines.append("| %s | %s | %s | %s | %d |" % (name, rng(k, "ms_per_iter", 1.0, "%.3f"),
+                         rng(k, "reserved_peak", MiB, "%.0f"), rng(k, "device_used_peak", MiB, "%.0f"), failed(k)))
+    d, s = med("cupy-driver", "ms_per_iter"), med("cupy-sop", "ms_per_iter")
+    if d and s:
+        lines += ["", "sop time / driver pool's: %.3f; / default pool's: %.3f." % (s / d, s / med("cupy-default", "ms_per_iter"))]
+    lines.append("")
+
+if any(k.startswith("jax-") for k in by):
+    lines += ["## JAX: a jitted matrix-product chain over 5 shapes (jax_matmul.py)", "",
+              "| allocator | ms / iteration | failed runs |", "| --- | --- | --- |"]
+    names = {"jax-bfc": "BFC (default)", "jax-driver": "cuda_async, driver's pool", "jax-sop": "cuda_async under sop-run"}
+    for k, name in names.items():
+        if k in by:
+            lines.append("| %s | %s | %d |" % (name, rng(k, "ms_per_iter", 1.0, "%.3f"), failed(k)))
+    lines.append("")
+
+if "passthrough-driver" in by:
+    lines += ["## What the interposer adds to calls it passes on (bench/passthrough.c)", "",
+              "| call | without sop, ns | under sop-run, ns | added, ns |", "| --- | --- | --- | --- |"]
+    keys = ["ctx_get_device", "mem_get_info", "pointer_attribute", "event_record",
+            "stream_wait_event", "stream_synchronize", "event_synchronize"]
+    for key in keys:
+        a, b = med("passthrough-driver", key), med("passthrough-sop", key)
+        if a is not None and b is not None:
+            lines.append("| %s | %.1f | %.1f | %+.1f |" % (key, a, b, b - a))
+    lines.append("")
+
+open(os.path.join(out, "summary.md"), "w").write("\n".join(lines))
+print("\n".join(lines))
+
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    sys.exit(0)
+panels = [("torch", "median_ms", "PyTorch median step (ms)", "peak_reserved", "peak reserved (GiB)", GiB),
+          ("cupy", "ms_per_iter", "CuPy ms / iteration", "device_used_peak", "device used (MiB)", MiB),
+          ("jax", "ms_per_iter", "JAX ms / iteration", None, None, 1)]
+panels = [p for p in panels if any(k.startswith(p[0] + "-") for k in by)]
+if not panels:
+    sys.exit(0)
+fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3.2 * len(panels)), squeeze=False)
+for row, (fw, tkey, ttitle, mkey, mtitle, scale) in zip(axes, panels):
+    labels = [k for k in by if k.startswith(fw + "-")]
+    short = [k.split("-", 1)[1] for k in labels]
+    row[0].bar(short, [med(k, tkey) or 0 for k in labels], color="tab:blue")
+    row[0].set_title(ttitle)
+    if mkey:
+        row[1].bar(short, [(med(k, mkey) or 0) / scale for k in labels], color="tab:orange")
+        row[1].set_title(mtitle)
+    else:
+        row[1].axis("off")
+fig.tight_layout()
+fig.savefig(os.path.join(out, "clients.png"), dpi=110)
