@@ -219,9 +219,15 @@ reclaimable(struct sop__block *b, struct sop__sstream *ss)
 static bool
 reclaim_begin(struct sop_pool *pool, struct sop__sstream *ss)
 {
-	/* A look first, so that the free of a stream that may not take back (say, one freeing
-	 * what another allocates) does not try the lock each time; then again under it. */
-	if (atomic_load_explicit(&pool->threads_met, memory_order_relaxed) ||
+	/* Never in a pool with a cap. FREE memory is known complete, which makes it reusable by
+	 * every stream whatever the policies; joined to a cached block it is pending on ss again,
+	 * and no later search can tell it apart: a pool at its cap, its policies off, would then
+	 * answer out of memory to another stream while the driver's pool hands that memory out
+	 * (a block freed and synchronized on ss, its neighbour freed while ss is busy). Without a
+	 * cap, the pool grows instead. A look first, so that the free of a stream that may not
+	 * take back (say, one freeing what another allocates) does not try the lock each time;
+	 * then again under it. */
+	if (pool->max_size || atomic_load_explicit(&pool->threads_met, memory_order_relaxed) ||
 	    atomic_load_explicit(&pool->heap_user, memory_order_relaxed) != ss ||
 	    pthread_mutex_trylock(&pool->lock))
 		return false;
