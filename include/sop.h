@@ -14,7 +14,10 @@
  *
  * The library loads the driver at run time (libcuda.so.1, or the library named by the
  * environment variable SOP_DRIVER_LIBRARY), so a program linked with sop starts on a machine
- * with no driver; its calls then return CUDA_ERROR_NOT_INITIALIZED or CUDA_ERROR_NO_DEVICE.
+ * with no driver; its calls then return CUDA_ERROR_NOT_INITIALIZED or CUDA_ERROR_NO_DEVICE. They
+ * return CUDA_ERROR_INVALID_VALUE if SOP_DEVICE_MEMORY_LIMIT or SOP_DEVICE_MEMORY_LIMIT_<n> is
+ * set to something that is not a size (README.md, Memory limits): sop refuses to start rather
+ * than run without the cap asked for.
  */
 #ifndef SOP_H
 #define SOP_H
@@ -93,6 +96,22 @@ CUresult sop_device_set_pool(CUdevice device, sop_pool_t pool);
 /* The last pool set for device, else its default pool. */
 CUresult sop_device_get_pool(sop_pool_t *pool, CUdevice device);
 
+/* ---- Device memory limits ---------------------------------------------------------------- */
+
+/* Cap the physical memory that all of the process's sop pools hold on device at limit bytes
+ * (0: no cap). At the cap, an allocation that needs more first makes every pool of the device
+ * give back its idle memory (as sop_trim_to(pool, 0) would), then returns
+ * CUDA_ERROR_OUT_OF_MEMORY. A cap below what the pools hold now takes nothing from them: growth
+ * is refused until they hold less. The cap starts as SOP_DEVICE_MEMORY_LIMIT_<device> or
+ * SOP_DEVICE_MEMORY_LIMIT, read when sop starts (README.md, Memory limits). Memory the program
+ * takes from the driver directly is neither counted nor capped.
+ * Returns CUDA_SUCCESS or CUDA_ERROR_INVALID_DEVICE. */
+CUresult sop_device_set_memory_limit(CUdevice device, size_t limit);
+/* The device's cap (0: none), and in *held (unless NULL) the bytes of physical memory sop's pools
+ * hold on it now. Returns CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE (limit NULL) or
+ * CUDA_ERROR_INVALID_DEVICE. */
+CUresult sop_device_get_memory_limit(size_t *limit, size_t *held, CUdevice device);
+
 /* ---- Allocation ------------------------------------------------------------------------- */
 
 /* Allocate size bytes from the current pool of the stream's device, in stream order. The
@@ -100,8 +119,8 @@ CUresult sop_device_get_pool(sop_pool_t *pool, CUdevice device);
  * this call, or by work ordered after it through events. Size 0 gives NULL and success. Any
  * stream the driver accepts works, including NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD.
  * Returns CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE (ptr NULL), CUDA_ERROR_OUT_OF_MEMORY (the pool
- * is at its maxSize or the device is full; never blocks), CUDA_ERROR_INVALID_CONTEXT (a special
- * stream with no current context) or the driver's code. */
+ * is at its maxSize, the device at its memory limit or full; never blocks),
+ * CUDA_ERROR_INVALID_CONTEXT (a special stream with no current context) or the driver's code. */
 CUresult sop_malloc_async(void **ptr, size_t size, CUstream stream);
 
 /* As sop_malloc_async, from pool, which may be located on another device than stream's. */

@@ -1,10 +1,14 @@
-/* devices.c - each device's default and current pool, as the public calls that name a device
- * find them: the default made on first use, the current one set and read.
+/* devices.c - what concerns every pool of a device: its default and current pool, as the public
+ * calls that name a device find them (the default made on first use, the current one set and
+ * read), and at the device's memory limit, its pools' idle memory given back and the
+ * out-of-memory report.
  *
  * The tables live in registry.c, which pool.c reaches to make a destroyed pool no device's
  * current one (sop__forget_current); making a pool is pool.c's, so the default is made here,
  * above both. Locks: sop__dev_lock, then what sop__pool_new takes.
  */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -75,4 +79,97 @@ sop__set_current_pool(CUdevice device, struct sop_pool *pool)
 				      memory_order_release);
 	pthread_mutex_unlock(&sop__dev_lock);
 	return r;
+}
+
+/* ---- At a device's memory limit (limit.c) --------------------------------------------------- */
+
+/* Whether a request of size bytes from pool cannot be mapped under the cap as the device's
+ * pools stand now. */
+static bool
+limit_binds(struct sop_pool *pool, size_t size)
+{
+	size_t limit, held;
+
+	sop__limit_get(pool->device, &limit, &held);
+	size = sop__round_up(size, pool->granularity);
+	return limit && (held > limit || size > limit - held);
+}
+
+/* Every pool of the device gives back its idle memory, as sop_trim_to(pool, 0) would: what free
+ * memory whose frees are complete covers whole. Called with no pool lock held, so that each
+ * pool's lock is taken alone, as a trim takes it: growth holds its own pool's lock and never
+ * waits for another's, so no two growths at the cap can wait for each other. Pinned. */
+bool
+sop__limit_reclaim(struct sop_pool *pool, size_t size)
+{
+	struct sop_pool **pools;
+	size_t n, i, limit, before, after;
+
+	if (!limit_binds(pool, size))
+		return false;
+	sop__limit_get(pool->device, &limit, &before);
+	pools = sop__registry_snapshot(&n);
+	for (i = 0; i < n; i++) {
+		if (pools[i]->device != pool->device)
+			continue;
+		pthread_mutex_lock(&pools[i]->lock);
+		if (!atomic_load(&pools[i]->dead))
+			sop__heap_release(pools[i], 0, 0);
+		pthread_mutex_unlock(&pools[i]->lock);
+	}
+	free(pools);
+	sop__limit_get(pool->device, &limit, &after);
+	return after < before;
+}
+
+/* ---- The out-of-memory report ------------------------------------------------------------- */
+
+static void
+report_pool(struct sop_pool *p, const struct sop_pool *failed)
+{
+	size_t largest = 0, free_bytes = 0;
+	uint64_t used;
+
+	pthread_mutex_lock(&p->lock);
+	if (atomic_load(&p->dead)) {
+		pthread_mutex_unlock(&p->lock);
+		return;
+	}
+	used = sop__pool_used(p, false);
+	pthread_mutex_unlock(&p->lock);
+	sop__heap_free_extents(p, &largest, &free_bytes);
+	fprintf(stderr,
+		"sop:   pool %#llx%s%s%s: reserved %llu, used %llu, free %zu, largest free extent "
+		"%zu\n",
+		(unsigned long long)p->handle, p->is_default ? " (default)" : "",
+		atomic_load(&p->destroyed) ? " (destroyed)" : "", p == failed ? " (this request)" : "",
+		(unsigned long long)atomic_load(&p->reserved), (unsigned long long)used, free_bytes,
+		largest);
+}
+
+void
+sop__oom_report(struct sop_pool *pool, size_t size)
+{
+	struct sop_pool **pools;
+	size_t n, i, limit, held;
+
+	if (SOP_LIKELY(!sop__limit_reporting()))
+		return;
+	sop__limit_get(pool->device, &limit, &held);
+	pools = sop__registry_snapshot(&n);
+	/* One report in one piece, whatever other threads write. */
+	flockfile(stderr);
+	fprintf(stderr, "sop: out of memory: %zu bytes from pool %#llx on device %d\n", size,
+		(unsigned long long)pool->handle, (int)pool->device);
+	if (limit)
+		fprintf(stderr, "sop: device %d: limit %zu, held by sop's pools %zu\n",
+			(int)pool->device, limit, held);
+	else
+		fprintf(stderr, "sop: device %d: no limit, held by sop's pools %zu\n",
+			(int)pool->device, held);
+	for (i = 0; i < n; i++)
+		if (pools[i]->device == pool->device)
+			report_pool(pools[i], pool);
+	funlockfile(stderr);
+	free(pools);
 }

@@ -6,6 +6,7 @@
  * The driver
  *   driver.c    the only file through which sop calls cu*: a table of entry points loaded with
  *               dlopen, call counts, primary contexts, a pool's context pushed and popped
+ *   limit.c     device memory limits: each device's cap and what sop's pools hold against it
  * Process-wide state
  *   epoch.c     deferred reclamation: an object is freed once no call can be reading it
  *   bins.c      segregated-fit free lists (TLSF): two bitmaps and 32 lists per power of two
@@ -31,7 +32,8 @@
  *   sync.c      synchronization points, across every pool
  * Allocation and the API
  *   stream.c    the hot path, and the thread-local cache of stream states it reaches them by
- *   devices.c   each device's default pool (made on first use) and current pool
+ *   devices.c   what concerns every pool of a device: its default pool (made on first use) and
+ *               current pool; at its memory limit, idle memory given back and the report
  *   sop.c       public entry points: check arguments, take locks, call in
  *   check.c     sop__pool_check, the invariant walker (for tests; reads every layer)
  *   preload.c   the interposer, libsop-preload.so (not in libsop): the driver's stream-ordered
@@ -77,6 +79,22 @@ CUresult sop__driver_primary(CUdevice device, CUcontext *out);
 /* Push and pop the pool's context around driver calls that need one. */
 CUresult sop__pool_ctx_push(struct sop_pool *pool);
 void sop__pool_ctx_pop(struct sop_pool *pool);
+
+/* ---- limit.c ----------------------------------------------------------------------------- */
+
+/* Read SOP_DEVICE_MEMORY_LIMIT(_<ordinal>) and SOP_OOM_REPORT (sop__init). CUDA_ERROR_INVALID_VALUE
+ * for a limit that is not a size. */
+CUresult sop__limits_init(int n_devices);
+/* Count size bytes of physical memory against the device's cap before they are created: false,
+ * and nothing counted, if that would pass it. */
+bool sop__limit_charge(CUdevice device, size_t size);
+/* Uncount size bytes: a charge whose allocation failed, or a piece unmapped. */
+void sop__limit_discharge(CUdevice device, size_t size);
+/* The device's cap (0: none) and the bytes sop's pools hold on it. */
+void sop__limit_get(CUdevice device, size_t *limit, size_t *held);
+void sop__limit_set(CUdevice device, size_t limit);
+/* Whether SOP_OOM_REPORT asks for the out-of-memory report. */
+bool sop__limit_reporting(void);
 
 /* ---- epoch.c ----------------------------------------------------------------------------- */
 
@@ -570,6 +588,13 @@ CUresult sop__default_pool(CUdevice device, struct sop_pool **out);
 CUresult sop__current_pool(CUdevice device, struct sop_pool **out);
 /* CUDA_ERROR_INVALID_VALUE for a pool of another device or one being destroyed. */
 CUresult sop__set_current_pool(CUdevice device, struct sop_pool *pool);
+/* An allocation of size bytes from pool failed for lack of memory: if the device's cap is why,
+ * every pool of the device gives back its idle memory; true if that gave back anything, and the
+ * allocation is worth another try. No pool lock held; pinned. */
+bool sop__limit_reclaim(struct sop_pool *pool, size_t size);
+/* Under SOP_OOM_REPORT, write to stderr what each pool of the device holds. No pool lock held;
+ * pinned. */
+void sop__oom_report(struct sop_pool *pool, size_t size);
 
 /* ---- sop.c ------------------------------------------------------------------------------- */
 

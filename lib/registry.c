@@ -50,6 +50,9 @@ init_run(void)
 		init_status = CUDA_ERROR_NO_DEVICE;
 	if (init_status != CUDA_SUCCESS)
 		return;
+	init_status = sop__limits_init(n);
+	if (init_status != CUDA_SUCCESS)
+		return;
 	sop__default_pools = calloc((size_t)n, sizeof *sop__default_pools);
 	sop__current_pools = calloc((size_t)n, sizeof *sop__current_pools);
 	if (!sop__default_pools || !sop__current_pools) {

@@ -316,6 +316,40 @@ sop_device_get_pool(sop_pool_t *pool, CUdevice device)
 	return r;
 }
 
+/* ---- Device memory limits ---------------------------------------------------------------- */
+
+SOP_API CUresult
+sop_device_set_memory_limit(CUdevice device, size_t limit)
+{
+	CUresult r = sop__init();
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (device < 0 || device >= sop__device_count())
+		return CUDA_ERROR_INVALID_DEVICE;
+	sop__limit_set(device, limit);
+	return CUDA_SUCCESS;
+}
+
+SOP_API CUresult
+sop_device_get_memory_limit(size_t *limit, size_t *held, CUdevice device)
+{
+	size_t l, h;
+	CUresult r = sop__init();
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!limit)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (device < 0 || device >= sop__device_count())
+		return CUDA_ERROR_INVALID_DEVICE;
+	sop__limit_get(device, &l, &h);
+	*limit = l;
+	if (held)
+		*held = h;
+	return CUDA_SUCCESS;
+}
+
 /* ---- Allocation -------------------------------------------------------------------------- */
 
 /* Allocate from a usable pool (or not: NULL) on the stream with this id, which stream names now
@@ -335,8 +369,14 @@ malloc_from(void **ptr, size_t size, struct sop_pool *pool, CUstream stream, uin
 	if (!id && (r = sop__stream_id(stream, &id)) != CUDA_SUCCESS)
 		return r;
 	r = sop__alloc(pool, stream, id, size, &p);
+	/* At the device's memory limit, every pool of the device gives back its idle memory, here
+	 * where no pool lock is held, and the request is tried once more. */
+	if (r == CUDA_ERROR_OUT_OF_MEMORY && sop__limit_reclaim(pool, size))
+		r = sop__alloc(pool, stream, id, size, &p);
 	if (r == CUDA_SUCCESS)
 		*ptr = p;
+	else if (r == CUDA_ERROR_OUT_OF_MEMORY)
+		sop__oom_report(pool, size);
 	return r;
 }
 

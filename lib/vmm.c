@@ -20,12 +20,18 @@ sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGenericA
 	CUresult r;
 	size_t i;
 
+	/* Counted against the device's limit before the driver is asked, so that growths of
+	 * several pools at once never pass it together (limit.c). */
+	if (!sop__limit_charge(pool->device, size))
+		return CUDA_ERROR_OUT_OF_MEMORY;
 	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
 	prop.location = pool->props.location;
 	prop.requestedHandleTypes = pool->props.handleTypes;
 	desc = calloc(pool->n_access + 1, sizeof *desc);
-	if (!desc)
+	if (!desc) {
+		sop__limit_discharge(pool->device, size);
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
 	desc[0].location = pool->props.location;
 	desc[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 	for (i = 0; i < pool->n_access; i++)
@@ -46,6 +52,8 @@ unmap:
 release:
 	SOP_DRV(cuMemRelease)(*h);
 out:
+	if (r != CUDA_SUCCESS)
+		sop__limit_discharge(pool->device, size);
 	free(desc);
 	return r;
 }
