@@ -127,7 +127,9 @@ sop__preload_dlsym(void *handle, const char *name)
 	X(PFN_cuStreamWaitEvent_v7000_ptsz, cuStreamWaitEvent_ptsz, "cuStreamWaitEvent_ptsz")      \
 	X(PFN_cuStreamDestroy_v4000, cuStreamDestroy_v2, "cuStreamDestroy_v2")                     \
 	X(PFN_cuEventDestroy_v4000, cuEventDestroy_v2, "cuEventDestroy_v2")                        \
-	X(PFN_cuCtxGetCurrent_v4000, cuCtxGetCurrent, "cuCtxGetCurrent")
+	X(PFN_cuCtxGetCurrent_v4000, cuCtxGetCurrent, "cuCtxGetCurrent")                          \
+	X(PFN_cuCtxGetDevice_v2000, cuCtxGetDevice, "cuCtxGetDevice")                             \
+	X(PFN_cuMemGetInfo_v3020, cuMemGetInfo_v2, "cuMemGetInfo_v2")
 
 struct driver_table {
 	void *dl; /* libcuda.so.1, or NULL where it cannot be loaded */
@@ -208,13 +210,18 @@ static bool
 sop_start(void)
 {
 	int expect = SOP_UNKNOWN, s;
+	CUresult r;
 
 	drv_ensure();
 	if (starting)
 		return false;
 	if (atomic_compare_exchange_strong(&sop_state, &expect, SOP_STARTING)) {
 		starting = true;
-		s = sop__init() == CUDA_SUCCESS ? SOP_SERVING : SOP_DRIVER_ONLY;
+		/* sop__init gives CUDA_ERROR_INVALID_VALUE only for a setting it cannot read (a
+		 * memory limit that is not a size): then sop's calls answer with that code, rather
+		 * than the program running on the driver without the cap it was given. */
+		r = sop__init();
+		s = r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_VALUE ? SOP_SERVING : SOP_DRIVER_ONLY;
 		starting = false;
 		atomic_store_explicit(&sop_state, s, memory_order_release);
 		return s == SOP_SERVING;
@@ -829,6 +836,32 @@ cuEventDestroy(CUevent hEvent)
 	return serving() ? sop_event_destroy(hEvent) : FORWARD(cuEventDestroy_v2, hEvent);
 }
 
+/* ---- Device memory ------------------------------------------------------------------------ */
+
+/* cuda.h's cuMemGetInfo is the _v2 symbol. Under a memory limit (sop_device_set_memory_limit), the
+ * device as the program's allocator should size itself: the cap as total (never more than the
+ * device has), and what sop's pools leave of it as free, never more than the driver's own free,
+ * which also counts what the program took from the driver directly (cuMemAlloc) and what other
+ * processes hold. Without a limit, or where sop does not serve, the driver's answer untouched. */
+SOP_API CUresult CUDAAPI
+cuMemGetInfo(size_t *free_bytes, size_t *total)
+{
+	size_t limit, held, left;
+	CUdevice dev;
+	CUresult r = FORWARD(cuMemGetInfo_v2, free_bytes, total);
+
+	if (r != CUDA_SUCCESS || !serving() || !drv.cuCtxGetDevice ||
+	    drv.cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
+	    sop_device_get_memory_limit(&limit, &held, dev) != CUDA_SUCCESS || !limit)
+		return r;
+	if (limit < *total)
+		*total = limit;
+	left = held < *total ? *total - held : 0;
+	if (left < *free_bytes)
+		*free_bytes = left;
+	return r;
+}
+
 /* ---- Lookups ---------------------------------------------------------------------------- */
 
 typedef void (*fn_t)(void);
@@ -879,6 +912,7 @@ static const struct {
 	{"cuStreamWaitEvent_ptsz", (fn_t)cuStreamWaitEvent_ptsz},
 	{"cuStreamDestroy_v2", (fn_t)cuStreamDestroy},
 	{"cuEventDestroy_v2", (fn_t)cuEventDestroy},
+	{"cuMemGetInfo_v2", (fn_t)cuMemGetInfo},
 };
 
 /* What cuGetProcAddress gives for a base name: from version `since` on (cudaTypedefs.h's
@@ -926,6 +960,9 @@ static const struct {
 	{"cuStreamDestroy", 4000, (fn_t)cuStreamDestroy, NULL},
 	{"cuEventDestroy", 2000, NULL, NULL},
 	{"cuEventDestroy", 4000, (fn_t)cuEventDestroy, NULL},
+	/* Before 3020, the v1 entry point of 32-bit sizes, which sop does not wrap. */
+	{"cuMemGetInfo", 2000, NULL, NULL},
+	{"cuMemGetInfo", 3020, (fn_t)cuMemGetInfo, NULL},
 };
 
 static fn_t
