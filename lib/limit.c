@@ -117,14 +117,15 @@ sop__limit_charge(CUdevice device, size_t size)
 {
 	struct devmem *m = &devmem[device];
 	size_t limit = atomic_load_explicit(&m->limit, memory_order_relaxed);
-	size_t now = atomic_fetch_add_explicit(&m->held, size, memory_order_relaxed) + size;
+	size_t now = atomic_load_explicit(&m->held, memory_order_relaxed);
 
-	/* Two growths that race may both be refused where one of them alone fits: the cap is
-	 * never passed, and the refused one is tried again after the reclaim. */
-	if (limit && now > limit) {
-		atomic_fetch_sub_explicit(&m->held, size, memory_order_relaxed);
-		return false;
-	}
+	/* A compare-and-swap rather than an add undone on refusal, so that no reader (cuMemGetInfo
+	 * under the interposer, another growth) ever sees the count past the cap. */
+	do {
+		if (limit && (size > limit || now > limit - size))
+			return false;
+	} while (!atomic_compare_exchange_weak_explicit(&m->held, &now, now + size,
+							memory_order_relaxed, memory_order_relaxed));
 	return true;
 }
 
