@@ -7,7 +7,8 @@
  *   test-preload             sop serves: allocations land in sop's pools, per-thread and legacy
  *                            streams stay apart, pool handles and attributes are sop's, the
  *                            synchronization calls reach sop, foreign pointers and pools the
- *                            driver made go to the driver, a thread without a context gets the
+ *                            driver made go to the driver, cuMemGetInfo reports sop's memory
+ *                            limit, a thread without a context gets the
  *                            driver's codes, a forked child (with or without exec) works
  *   test-preload --fallback  sop cannot start (SOP_DRIVER_LIBRARY names nothing): every call
  *                            reaches the driver untouched
@@ -85,6 +86,8 @@ static struct {
 	__typeof__(sop_pool_get_attr) *pool_get_attr;
 	__typeof__(sop_pool_get_compaction) *pool_get_compaction;
 	__typeof__(sop_driver_calls) *driver_calls;
+	__typeof__(sop_device_set_memory_limit) *device_set_memory_limit;
+	__typeof__(sop_device_get_memory_limit) *device_get_memory_limit;
 	__typeof__(sim_calls) *sim_calls;
 } api;
 
@@ -206,6 +209,8 @@ setup(void)
 	LOAD(pool_get_attr, "sop_pool_get_attr");
 	LOAD(pool_get_compaction, "sop_pool_get_compaction");
 	LOAD(driver_calls, "sop_driver_calls");
+	LOAD(device_set_memory_limit, "sop_device_set_memory_limit");
+	LOAD(device_get_memory_limit, "sop_device_get_memory_limit");
 	LOAD(sim_calls, "sim_calls");
 	if (!api.driver_calls) {
 		fprintf(stderr, "libsop-preload.so is not loaded: run it under sop-run\n");
@@ -326,6 +331,7 @@ static const char *const taken_over[] = {
 	"cuStreamWaitEvent_ptsz",
 	"cuStreamDestroy_v2",
 	"cuEventDestroy_v2",
+	"cuMemGetInfo_v2",
 };
 
 static void
@@ -422,6 +428,8 @@ static const struct lookup hooked_lookups[] = {
 	{"cuGetProcAddress", 11030, PTDS, "cuGetProcAddress"},
 	{"cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2"},
 	{"cuGetProcAddress", 13000, 0, "cuGetProcAddress_v2"},
+	{"cuMemGetInfo", 3020, 0, "cuMemGetInfo_v2"},
+	{"cuMemGetInfo", 13000, PTDS, "cuMemGetInfo_v2"},
 };
 
 /* The four ways a program asks: v2 and v1 as libcuda exports them, and the v1 and v2 functions
@@ -538,6 +546,88 @@ test_proc_address(void)
 	OK(cuStreamSynchronize(s1));
 	driver_pools_untouched();
 	printf("cuGetProcAddress: ok\n");
+}
+
+/* ---- cuMemGetInfo under a memory limit ------------------------------------------------------ */
+
+typedef CUresult (*meminfo_fn)(size_t *, size_t *);
+
+#define MiB ((size_t)1 << 20)
+
+/* Every path to cuMemGetInfo answers the same: the limit as total, what sop leaves of it as free,
+ * no more than the device and the driver's free; the driver's answer without a limit. */
+static void
+meminfo_expect(meminfo_fn by[3], size_t total, size_t free_bytes, bool exact_free)
+{
+	unsigned long d;
+	size_t f, t;
+	int i;
+
+	for (i = 0; i < 3; i++) {
+		d = drv_calls("cuMemGetInfo");
+		f = t = 0;
+		OK(by[i](&f, &t));
+		if (sim)
+			EQ(drv_calls("cuMemGetInfo"), d + 1);
+		EQ(t, total);
+		if (exact_free)
+			EQ(f, free_bytes);
+		else
+			CHECK(f <= free_bytes);
+	}
+}
+
+static void
+test_meminfo(void)
+{
+	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+	CUdriverProcAddressQueryResult status;
+	size_t free0, total0, limit = 1, held = 0;
+	meminfo_fn by[3];
+	CUdeviceptr p, q = 0;
+	void *fn = NULL;
+
+	CHECK(h);
+	by[0] = cuMemGetInfo;
+	by[1] = AS_FN(meminfo_fn, sym_of(h, "cuMemGetInfo_v2"));
+	OK(cuGetProcAddress("cuMemGetInfo", &fn, 12000, 0, &status));
+	by[2] = AS_FN(meminfo_fn, fn);
+	CHECK(in_preload(FN_PTR(by[0]), "cuMemGetInfo_v2"));
+	CHECK(in_preload(FN_PTR(by[1]), "cuMemGetInfo_v2"));
+	CHECK(in_preload(FN_PTR(by[2]), "cuMemGetInfo_v2"));
+	/* Before 3020 it is the v1 of 32-bit sizes: the driver's. */
+	fn = NULL;
+	(void)cuGetProcAddress("cuMemGetInfo", &fn, 2000, 0, &status);
+	CHECK(!in_preload(fn, NULL));
+
+	/* sop holds memory on device 0; no limit: the driver's answer, untouched. */
+	OK(cuMemAllocAsync(&p, 40 * MiB, s1));
+	OK(api.device_get_memory_limit(&limit, &held, 0));
+	EQ(limit, 0);
+	CHECK(held >= 40 * MiB);
+	OK(cuMemGetInfo(&free0, &total0));
+	CHECK(free0 <= total0 && total0 > 512 * MiB);
+	meminfo_expect(by, total0, free0, sim);
+
+	/* A limit: itself as total, what sop's pools leave of it as free. */
+	OK(api.device_set_memory_limit(0, 256 * MiB));
+	meminfo_expect(by, 256 * MiB, 256 * MiB - held, true);
+	/* A limit past the device: the device's total and the driver's free. */
+	OK(api.device_set_memory_limit(0, 2 * total0));
+	meminfo_expect(by, total0, free0, sim);
+	/* A limit below what sop holds: nothing free, and growth is refused. */
+	OK(api.device_set_memory_limit(0, 16 * MiB));
+	meminfo_expect(by, 16 * MiB, 0, true);
+	EQ(cuMemAllocAsync(&q, 64 * MiB, s1), CUDA_ERROR_OUT_OF_MEMORY);
+	EQ(q, 0);
+
+	OK(api.device_set_memory_limit(0, 0));
+	meminfo_expect(by, total0, free0, sim);
+	OK(cuMemFreeAsync(p, s1));
+	OK(cuStreamSynchronize(s1));
+	driver_pools_untouched();
+	dlclose(h);
+	printf("cuMemGetInfo: ok\n");
 }
 
 /* ---- Per-thread and legacy default streams ------------------------------------------------ */
@@ -1095,6 +1185,11 @@ test_fallback(void)
 	VIA_DRIVER(cuEventDestroy(ev), "cuEventDestroy");
 	OK(cuStreamCreate(&s3, 0));
 	VIA_DRIVER(cuStreamDestroy(s3), "cuStreamDestroy");
+	{
+		size_t mem_free, mem_total;
+
+		VIA_DRIVER(cuMemGetInfo(&mem_free, &mem_total), "cuMemGetInfo");
+	}
 
 	/* Foreign memory is freed by the driver, as always. */
 	OK(cuMemAlloc(&f, 4096));
@@ -1142,6 +1237,7 @@ main(int argc, char **argv)
 	test_sync();
 	test_foreign();
 	test_pools();
+	test_meminfo();
 	test_no_context();
 	test_fork(argv[0]);
 	/* sop's own calls to the driver never came back through the interposer: it resolved its
