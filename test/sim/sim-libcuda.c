@@ -14,7 +14,7 @@
  *   interposer takes over, cuCtxSynchronize_v2 and the v1 cuGetProcAddress;
  * - cuGetProcAddress by version and flags, as the driver answers: the ABI a
  *   version asks for (cuGetProcAddress v1 below 12000, cuCtxSynchronize_v2
- *   from 13000), the _ptsz variant for CU_GET_PROC_ADDRESS_PER_THREAD_
+ *   from 13000, cuMemGetInfo's 32-bit v1 below 3020), the _ptsz variant for CU_GET_PROC_ADDRESS_PER_THREAD_
  *   DEFAULT_STREAM, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT below the
  *   version that brought an entry point, and a made-up ABI of
  *   cuStreamWaitEvent from 99000, newer than any header the interposer knows.
@@ -484,6 +484,24 @@ SIM_EXPORT CUresult CUDAAPI sim_get_proc_address_v1(const char *symbol, void **p
 	return cuGetProcAddress(symbol, pfn, cudaVersion, flags, NULL);
 }
 
+/* cuMemGetInfo's v1 ABI of 32-bit sizes, which a lookup below 3020 gets (libcuda exports it as
+ * cuMemGetInfo; the stand-in keeps it to lookups). Sizes past 4 GiB are cut, as a 32-bit field
+ * would hold them. */
+static CUresult CUDAAPI mem_get_info_v1(unsigned int *free_bytes, unsigned int *total)
+{
+	size_t f, t;
+	CUresult rc;
+
+	if (!free_bytes || !total)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = cuMemGetInfo(&f, &t);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	*free_bytes = f > UINT32_MAX ? UINT32_MAX : (unsigned int)f;
+	*total = t > UINT32_MAX ? UINT32_MAX : (unsigned int)t;
+	return CUDA_SUCCESS;
+}
+
 /* An ABI of cuStreamWaitEvent that no header has: whoever gets it asked for too new a version. */
 static CUresult CUDAAPI stream_wait_event_future(CUstream hStream, CUevent hEvent,
 						 unsigned int Flags, void *future)
@@ -517,6 +535,8 @@ static const struct versioned versioned[] = {
 	{"cuEventRecordWithFlags", 11010, FN(cuEventRecordWithFlags),
 	 FN(cuEventRecordWithFlags_ptsz)},
 	{"cuMemAlloc", 3020, FN(cuMemAlloc_v2), NULL},
+	{"cuMemGetInfo", 2000, FN(mem_get_info_v1), NULL},
+	{"cuMemGetInfo", 3020, FN(cuMemGetInfo), NULL},
 	{"cuMemFree", 3020, FN(cuMemFree_v2), NULL},
 	{"cuMemFreeAsync", 11020, FN(cuMemFreeAsync), FN(cuMemFreeAsync_ptsz)},
 	{"cuMemAllocAsync", 11020, FN(cuMemAllocAsync), FN(cuMemAllocAsync_ptsz)},
