@@ -3,9 +3,10 @@
  *
  * The limit caps what all of a device's pools hold: at the cap, memory another pool holds idle is
  * given back so that a pool can grow, and live memory is never taken: the request fails with
- * CUDA_ERROR_OUT_OF_MEMORY. A pool's own maxSize is no reason to take other pools' memory. The
- * variables are read once at sop's start, so each setting runs in a child process (this program
- * again, with --print or --oom); a value that is not a size makes sop refuse to start.
+ * CUDA_ERROR_OUT_OF_MEMORY. A pool's own maxSize is no reason to take other pools' memory. Pools
+ * growing on several threads at once at the cap neither deadlock nor pass it. The variables are
+ * read once at sop's start, so each setting runs in a child process (this program again, with
+ * --print or --oom); a value that is not a size makes sop refuse to start.
  */
 #include <pthread.h>
 #include <string.h>
