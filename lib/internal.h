@@ -395,6 +395,24 @@ sop__stream_special(CUstream s)
 	return (uintptr_t)s <= (uintptr_t)CU_STREAM_PER_THREAD;
 }
 
+/* Stream capture. Whether a stream is capturing costs a driver call (cuStreamIsCapturing), so it
+ * is asked only where a capture may be in flight: always, unless the interposer, which sees every
+ * capture begin and end, has said it watches (sop__capture_watch) and counts none in flight. */
+void sop__capture_watch(void);
+/* A capture is about to begin (+1), or began not or ended (-1): the interposer's count. */
+void sop__capture_count(int delta);
+/* Whether some capture may be in flight (the gate): a load. */
+bool sop__capture_possible(void);
+/* Whether the stream a handle names is capturing (active or invalidated); false without asking
+ * when the gate says no capture is in flight. The driver's code for a handle it refuses. */
+CUresult sop__stream_capturing(CUstream stream, bool *capturing);
+/* Put the calling thread in the relaxed capture mode around driver calls sop makes in its own
+ * name (growth, release, probe queries), so that they never invalidate a capture in global mode
+ * running in another thread; restore with what it returned. Nothing where no capture may be in
+ * flight. */
+int sop__capture_relax(void);
+void sop__capture_restore(int saved);
+
 /* The id of the stream a handle names now (cuStreamGetId); CUDA_ERROR_INVALID_CONTEXT for a
  * special handle with no current context, or the driver's code for a bad handle. */
 CUresult sop__stream_id(CUstream stream, uint64_t *id);

@@ -66,6 +66,74 @@ sop__stream_id(CUstream stream, uint64_t *id)
 	return r;
 }
 
+/* ---- Capture -------------------------------------------------------------------------------- */
+
+/* A stream that is capturing records its work into a graph, launched later any number of times:
+ * sop serves no allocation there (sop.c hands it to the driver's graph memory), takes no free of
+ * its own memory there, and records no probe there (an event recorded in a capture cannot be
+ * queried). Asking costs a driver call per call that names a stream; the interposer, which sees
+ * every cuStreamBeginCapture and cuStreamEndCapture, counts the captures in flight, and while it
+ * counts none nobody asks. A stream joins a capture by waiting on an event recorded in one: the
+ * count covers it, since its capture began where the interposer saw it. */
+static atomic_bool capture_watched;
+static atomic_long captures_in_flight;
+
+void
+sop__capture_watch(void)
+{
+	atomic_store(&capture_watched, true);
+}
+
+void
+sop__capture_count(int delta)
+{
+	atomic_fetch_add(&captures_in_flight, delta);
+}
+
+bool
+sop__capture_possible(void)
+{
+	return !atomic_load_explicit(&capture_watched, memory_order_relaxed) ||
+	       atomic_load_explicit(&captures_in_flight, memory_order_acquire) > 0;
+}
+
+CUresult
+sop__stream_capturing(CUstream stream, bool *capturing)
+{
+	CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+	CUresult r;
+
+	*capturing = false;
+	if (SOP_LIKELY(!sop__capture_possible()))
+		return CUDA_SUCCESS;
+	r = SOP_DRV(cuStreamIsCapturing)(stream, &status);
+	if (r != CUDA_SUCCESS)
+		return r;
+	*capturing = status != CU_STREAM_CAPTURE_STATUS_NONE;
+	return CUDA_SUCCESS;
+}
+
+/* -1: nothing exchanged. */
+int
+sop__capture_relax(void)
+{
+	CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+
+	if (SOP_LIKELY(!sop__capture_possible()) ||
+	    SOP_DRV(cuThreadExchangeStreamCaptureMode)(&mode) != CUDA_SUCCESS)
+		return -1;
+	return (int)mode;
+}
+
+void
+sop__capture_restore(int saved)
+{
+	CUstreamCaptureMode mode = (CUstreamCaptureMode)saved;
+
+	if (saved >= 0)
+		SOP_DRV(cuThreadExchangeStreamCaptureMode)(&mode);
+}
+
 /* ---- Stream records ----------------------------------------------------------------------- */
 
 /* Records live in a table of shards keyed by stream id. A call finds one and uses it while it is
@@ -414,8 +482,14 @@ probe_record(struct sop__stream *st, CUstream handle)
 {
 	struct sop__probe *p = &st->probe[st->next_probe];
 	CUcontext popped;
+	bool capturing;
 	CUresult r;
 
+	/* In a capture the record would be a node of the graph, and the event one that cannot be
+	 * queried. */
+	r = sop__stream_capturing(handle, &capturing);
+	if (r != CUDA_SUCCESS || capturing)
+		return r != CUDA_SUCCESS ? r : CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 	if (!p->ev) {
 		r = SOP_DRV(cuCtxPushCurrent)(st->ctx);
 		if (r != CUDA_SUCCESS)
@@ -509,6 +583,7 @@ sop__probe_all_frees(struct sop__stream *st, CUstream handle)
 static void
 probes_poll_locked(struct sop__stream *st)
 {
+	int mode = sop__capture_relax(); /* a query is unsafe during a global capture */
 	unsigned i, k;
 
 	for (i = 0; i < SOP_PROBES; i++) {
@@ -521,13 +596,12 @@ probes_poll_locked(struct sop__stream *st)
 				p = &st->probe[k];
 			}
 		}
-		if (!p)
-			return;
-		if (SOP_DRV(cuEventQuery)(p->ev) != CUDA_SUCCESS)
-			return;
+		if (!p || SOP_DRV(cuEventQuery)(p->ev) != CUDA_SUCCESS)
+			break;
 		p->pending = false;
 		sop__stream_completed(st, p->epoch);
 	}
+	sop__capture_restore(mode);
 }
 
 void

@@ -417,9 +417,24 @@ affinity_affordable(struct sop_pool *pool)
 	       2 * sop__pool_used(pool, false);
 }
 
+static CUresult alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id,
+				   CUstream stream, size_t size, size_t req, void **ptr);
+
 CUresult
 sop__alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream stream,
 		size_t size, size_t req, void **ptr)
+{
+	/* Growth, release, probe queries and waits are sop's own calls: relaxed, so that none
+	 * invalidates a capture in global mode running in another thread. */
+	int mode = sop__capture_relax();
+	CUresult r = alloc_slow_relaxed(pool, ss, id, stream, size, req, ptr);
+	sop__capture_restore(mode);
+	return r;
+}
+
+static CUresult
+alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUstream stream,
+		   size_t size, size_t req, void **ptr)
 {
 	struct sop__sstream *from = NULL;
 	struct sop__block *b = NULL;

@@ -352,11 +352,35 @@ sop_device_get_memory_limit(size_t *limit, size_t *held, CUdevice device)
 
 /* ---- Allocation -------------------------------------------------------------------------- */
 
+/* An allocation on a capturing stream: the driver's graph memory (a memory node of the graph,
+ * whose address stays the graph's for its lifetime, live between the node and its free at every
+ * launch). Not sop's: the graph may be launched any number of times, after sop has long reused
+ * anything it could hand out now. The pool's device must be the stream's, where the driver's
+ * graph memory comes from. Pinned. */
+static CUresult
+malloc_graph(void **ptr, size_t size, struct sop_pool *pool, CUstream stream, uint64_t id)
+{
+	CUdeviceptr d;
+	CUdevice device;
+	CUresult r;
+
+	r = sop__stream_device(stream, id, &device);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (device != pool->device)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	r = SOP_DRV(cuMemAllocAsync)(&d, size, stream);
+	if (r == CUDA_SUCCESS)
+		*ptr = (void *)(uintptr_t)d;
+	return r;
+}
+
 /* Allocate from a usable pool (or not: NULL) on the stream with this id, which stream names now
  * (0: ask). Pinned. */
 static CUresult
 malloc_from(void **ptr, size_t size, struct sop_pool *pool, CUstream stream, uint64_t id)
 {
+	bool capturing;
 	void *p;
 	CUresult r;
 
@@ -368,6 +392,11 @@ malloc_from(void **ptr, size_t size, struct sop_pool *pool, CUstream stream, uin
 	}
 	if (!id && (r = sop__stream_id(stream, &id)) != CUDA_SUCCESS)
 		return r;
+	r = sop__stream_capturing(stream, &capturing);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (SOP_UNLIKELY(capturing))
+		return malloc_graph(ptr, size, pool, stream, id);
 	r = sop__alloc(pool, stream, id, size, &p);
 	/* At the device's memory limit, every pool of the device gives back its idle memory, here
 	 * where no pool lock is held, and the request is tried once more. */
@@ -436,6 +465,7 @@ sop_free_async(void *ptr, CUstream stream)
 {
 	struct sop_pool *pool;
 	struct sop__pin *pin;
+	bool capturing;
 	CUresult r = sop__init();
 
 	if (r != CUDA_SUCCESS)
@@ -444,9 +474,16 @@ sop_free_async(void *ptr, CUstream stream)
 		return CUDA_SUCCESS;
 	pin = sop__pin();
 	pool = sop__registry_lookup((CUdeviceptr)(uintptr_t)ptr);
-	if (!pool || atomic_load_explicit(&pool->dead, memory_order_acquire))
+	/* On a capturing stream a free is a node of the graph: the driver's for its own graph
+	 * memory (what sop_malloc_async gave during the capture); refused for sop's memory, as the
+	 * driver refuses a free of memory that is not the graph's. */
+	r = sop__stream_capturing(stream, &capturing);
+	if (r == CUDA_SUCCESS && capturing)
+		r = pool ? CUDA_ERROR_INVALID_VALUE
+			 : SOP_DRV(cuMemFreeAsync)((CUdeviceptr)(uintptr_t)ptr, stream);
+	else if (r == CUDA_SUCCESS && (!pool || atomic_load_explicit(&pool->dead, memory_order_acquire)))
 		r = CUDA_ERROR_INVALID_VALUE;
-	else
+	else if (r == CUDA_SUCCESS)
 		r = sop__free_async(pool, (CUdeviceptr)(uintptr_t)ptr, stream);
 	sop__unpin(pin);
 	return r;

@@ -135,6 +135,8 @@ sop__lock_take_waited(struct sop__lock *l)
 	X(cuDevicePrimaryCtxGetState)                                                              \
 	X(cuStreamGetCtx)                                                                          \
 	X(cuStreamGetId)                                                                           \
+	X(cuStreamIsCapturing)                                                                     \
+	X(cuThreadExchangeStreamCaptureMode)                                                       \
 	X(cuStreamDestroy)                                                                         \
 	X(cuStreamSynchronize)                                                                     \
 	X(cuStreamWaitEvent)                                                                       \
@@ -143,6 +145,8 @@ sop__lock_take_waited(struct sop__lock *l)
 	X(cuEventRecord)                                                                           \
 	X(cuEventQuery)                                                                            \
 	X(cuEventSynchronize)                                                                      \
+	X(cuMemAllocAsync)                                                                         \
+	X(cuMemFreeAsync)                                                                          \
 	X(cuMemGetAllocationGranularity)                                                           \
 	X(cuMemAddressReserve)                                                                     \
 	X(cuMemAddressFree)                                                                        \
