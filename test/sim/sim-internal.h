@@ -68,6 +68,10 @@
 	X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemcpyAsync) \
 	X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemcpy) \
 	X(cuModuleLoadData) X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel) \
+	X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing) \
+	X(cuStreamGetCaptureInfo) X(cuThreadExchangeStreamCaptureMode) \
+	X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy) \
+	SIM_GRAPH_MEMORY_ENTRY_POINTS(X) \
 	SIM_LIBCUDA_ENTRY_POINTS(X)
 
 /*
@@ -111,9 +115,30 @@ CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
  */
 bool sim_libcuda_lookup(const char *symbol, void **pfn, int version, cuuint64_t flags,
 			CUdriverProcAddressQueryResult *status, CUresult *rc);
+#define SIM_GRAPH_MEMORY_ENTRY_POINTS(X)
 #else
 #define SIM_LIBCUDA_ENTRY_POINTS(X)
+/*
+ * libsopsim.so has cuMemAllocAsync and cuMemFreeAsync for graph memory alone: an allocation on a
+ * capturing stream, its free, and a free of a graph allocation after a launch. Anything else
+ * gets CUDA_ERROR_NOT_SUPPORTED (allocation) or CUDA_ERROR_INVALID_VALUE (free), as the pools are
+ * not simulated. libcuda.so.1 defines them in sim-libcuda.c, on top of the same helpers.
+ */
+#define SIM_GRAPH_MEMORY_ENTRY_POINTS(X) X(cuMemAllocAsync) X(cuMemFreeAsync)
 #endif
+/*
+ * Stream capture (sim-stream.c). Graph memory: true if the call concerns it (the stream is
+ * capturing, or the pointer is a graph allocation), with *rc its result; false leaves the call
+ * to the caller.
+ */
+bool sim_graph_alloc(CUdeviceptr *dptr, size_t size, CUstream stream, CUresult *rc);
+bool sim_graph_free(CUdeviceptr dptr, CUstream stream, CUresult *rc);
+/*
+ * A call the driver deems potentially unsafe during a capture (it may synchronize or is not
+ * captured): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the captures that forbid it invalidated,
+ * when the calling thread's capture interaction mode and the captures in flight forbid it.
+ */
+CUresult sim_capture_unsafe(void);
 
 enum sim_entry {
 #define SIM_ENTRY_ENUM(name) SIM_E_##name,
@@ -180,6 +205,7 @@ struct sim_per_thread {
  */
 struct sim_thread {
 	bool in_host_fn;	/* a stream worker runs a host function */
+	int capture_mode;	/* cuThreadExchangeStreamCaptureMode: GLOBAL (0) at first */
 	int ctx_depth;
 	/* Each entry holds a reference on its context. */
 	struct sim_ctx *ctx_stack[SIM_CTX_STACK_MAX];

@@ -95,15 +95,22 @@ static void classic_free(void *arg)
 
 SIM_EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
 {
+	CUresult rc;
+
 	SIM_ENTER(cuMemAlloc);
-	return classic_alloc(dptr, bytesize);
+	rc = sim_capture_unsafe();
+	return rc == CUDA_SUCCESS ? classic_alloc(dptr, bytesize) : rc;
 }
 
 SIM_EXPORT CUresult CUDAAPI cuMemFree(CUdeviceptr dptr)
 {
 	struct classic *c;
+	CUresult rc;
 
 	SIM_ENTER(cuMemFree);
+	rc = sim_capture_unsafe();
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	c = classic_take(dptr);
 	if (!c)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -114,9 +121,15 @@ SIM_EXPORT CUresult CUDAAPI cuMemFree(CUdeviceptr dptr)
 /* A free in stream order: the memory goes when the stream gets there. */
 static CUresult classic_free_async(CUdeviceptr dptr, CUstream stream)
 {
-	struct classic *c = classic_take(dptr);
+	struct classic *c;
 	CUresult rc;
 
+	if (sim_graph_free(dptr, stream, &rc))
+		return rc;
+	rc = sim_capture_unsafe();
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	c = classic_take(dptr);
 	if (!c)
 		return CUDA_ERROR_INVALID_VALUE;
 	rc = cuLaunchHostFunc(stream, classic_free, c);
@@ -352,17 +365,25 @@ SIM_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size
 /* A device's current pool is always a device pool: the interposer's. */
 SIM_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
+	CUresult rc;
+
 	SIM_ENTER(cuMemAllocAsync);
-	(void)dptr, (void)bytesize, (void)hStream;
-	return CUDA_ERROR_NOT_SUPPORTED;
+	if (sim_graph_alloc(dptr, bytesize, hStream, &rc))
+		return rc;
+	rc = sim_capture_unsafe();
+	return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_NOT_SUPPORTED;
 }
 
 SIM_EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
 						 CUstream hStream)
 {
+	CUresult rc;
+
 	SIM_ENTER(cuMemAllocAsync_ptsz);
-	(void)dptr, (void)bytesize, (void)hStream;
-	return CUDA_ERROR_NOT_SUPPORTED;
+	if (sim_graph_alloc(dptr, bytesize, per_thread(hStream), &rc))
+		return rc;
+	rc = sim_capture_unsafe();
+	return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_NOT_SUPPORTED;
 }
 
 SIM_EXPORT CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)

@@ -101,6 +101,7 @@ struct sim_stream {
 	uint64_t enqueued;
 	uint64_t completed;
 	bool retired;			/* takes no more work; worker exits when drained */
+	struct sim_graph *cap;		/* the capture it records into, or NULL (cap_lock) */
 };
 
 struct sim_event {
@@ -115,6 +116,8 @@ struct sim_event {
 	uint64_t seq;
 	uint64_t gen;			/* number of records so far */
 	struct timespec time;		/* when the record of `gen` ran */
+	bool captured;			/* last recorded in a capture (cap_lock) */
+	uint64_t capture_id;		/* that capture's id (cap_lock) */
 };
 
 /* A position to wait for, with a reference on its stream. */
@@ -653,12 +656,18 @@ static CUresult push(struct sim_stream *s, struct op *list, uint64_t *seq)
 }
 
 /* Enqueues op (taking ownership of it, even on failure) on s. */
+static bool capture_append(struct sim_stream *s, struct op *op, CUresult *rc);
+
 static CUresult enqueue(struct sim_stream *s, struct op *op, uint64_t *seq)
 {
 	struct op *list = NULL, **tail;
 	CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
 
 	op->next = NULL;
+	if (capture_append(s, op, &rc)) {
+		*seq = 0;	/* reached at once: nothing runs until a launch */
+		return rc;
+	}
 	if (s->kind != STREAM_LEGACY && !is_blocking(s)) {
 		rc = push(s, op, seq);
 		if (rc != CUDA_SUCCESS)
@@ -810,16 +819,24 @@ static CUresult stream_reach(CUstream handle, bool wait)
 	return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
+static CUresult capture_forbids(CUstream handle);
+
 SIM_EXPORT CUresult CUDAAPI cuStreamQuery(CUstream handle)
 {
+	CUresult rc;
+
 	SIM_ENTER(cuStreamQuery);
-	return stream_reach(handle, false);
+	rc = capture_forbids(handle);
+	return rc == CUDA_SUCCESS ? stream_reach(handle, false) : rc;
 }
 
 SIM_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream handle)
 {
+	CUresult rc;
+
 	SIM_ENTER(cuStreamSynchronize);
-	return stream_reach(handle, true);
+	rc = capture_forbids(handle);
+	return rc == CUDA_SUCCESS ? stream_reach(handle, true) : rc;
 }
 
 SIM_EXPORT CUresult CUDAAPI cuCtxSynchronize(void)
@@ -830,7 +847,9 @@ SIM_EXPORT CUresult CUDAAPI cuCtxSynchronize(void)
 	CUresult rc;
 
 	SIM_ENTER(cuCtxSynchronize);
-	rc = sim_ctx_current(&ctx);
+	rc = sim_capture_unsafe();
+	if (rc == CUDA_SUCCESS)
+		rc = sim_ctx_current(&ctx);
 	if (rc == CUDA_SUCCESS)
 		rc = ctx_positions(ctx, false, &p, &n);
 	if (rc != CUDA_SUCCESS)
@@ -1141,6 +1160,10 @@ SIM_EXPORT CUresult CUDAAPI cuEventDestroy(CUevent handle)
 	return CUDA_SUCCESS;
 }
 
+static bool capture_record(struct sim_event *e, struct sim_stream *s, CUresult *rc);
+static bool capture_wait(struct sim_stream *s, CUevent event, unsigned flags, CUresult *rc);
+static bool event_captured(CUevent handle);
+
 static CUresult event_record(CUevent handle, CUstream stream_handle)
 {
 	struct sim_event *e;
@@ -1168,6 +1191,12 @@ static CUresult event_record(CUevent handle, CUstream stream_handle)
 	/* Under the event lock, so that concurrent records of e are ordered. */
 	pthread_mutex_lock(&e->lock);
 	op->record.gen = e->gen + 1;
+	if (capture_record(e, s, &rc)) {
+		/* A node of the graph: the event's position is the capture's now. */
+		pthread_mutex_unlock(&e->lock);
+		op_free(op);
+		goto out_stream;
+	}
 	rc = enqueue(s, op, &seq);
 	if (rc == CUDA_SUCCESS) {
 		old = e->stream;
@@ -1196,7 +1225,7 @@ SIM_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent handle, CUstream stre
 						   unsigned int flags)
 {
 	SIM_ENTER(cuEventRecordWithFlags);
-	/* EXTERNAL only matters under stream capture, which is not simulated. */
+	/* EXTERNAL only matters under stream capture, where it is recorded like any other. */
 	if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)
 		return CUDA_ERROR_INVALID_VALUE;
 	return event_record(handle, stream);
@@ -1228,6 +1257,11 @@ SIM_EXPORT CUresult CUDAAPI cuEventQuery(CUevent handle)
 	CUresult rc;
 
 	SIM_ENTER(cuEventQuery);
+	rc = sim_capture_unsafe();
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (event_captured(handle))
+		return CUDA_ERROR_CAPTURED_EVENT;
 	rc = event_position(handle, &p);
 	if (rc != CUDA_SUCCESS || !p.stream)
 		return rc;
@@ -1242,6 +1276,11 @@ SIM_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent handle)
 	CUresult rc;
 
 	SIM_ENTER(cuEventSynchronize);
+	rc = sim_capture_unsafe();
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (event_captured(handle))
+		return CUDA_ERROR_CAPTURED_EVENT;
 	rc = event_position(handle, &p);
 	if (rc != CUDA_SUCCESS || !p.stream)
 		return rc;
@@ -1308,6 +1347,8 @@ SIM_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream handle, CUevent event, un
 	rc = stream_get(handle, &s);
 	if (rc != CUDA_SUCCESS)
 		return rc;
+	if (capture_wait(s, event, flags, &rc))
+		goto out;
 	/* The record as it is now; a later record does not move this wait. */
 	rc = event_position(event, &p);
 	if (rc != CUDA_SUCCESS || !p.stream)
@@ -1391,3 +1432,643 @@ void sim_stream_live(struct sim_live *out)
 	out->streams = sim_handle_count(SIM_HANDLE_STREAM);
 	out->events = sim_handle_count(SIM_HANDLE_EVENT);
 }
+
+/* ---- stream capture and graphs ----
+ *
+ * A capture is what cuStreamBeginCapture starts on a stream: work enqueued on a capturing stream
+ * is not run but appended to the capture's list of operations, in call order (one valid order of
+ * the graph the driver would build). A stream joins a capture by waiting on an event recorded in
+ * it. cuStreamEndCapture makes the list a graph; cuGraphLaunch enqueues copies of its operations
+ * on a stream, as often as asked. Graph memory (cuMemAllocAsync on a capturing stream) is host
+ * memory allocated at capture and kept for the graph's lifetime; it is live from a launch to its
+ * free, in the graph or after it (cuMemFreeAsync), and a launch while it is live fails, as the
+ * driver's does.
+ *
+ * The capture interaction modes, as the driver documents them: a thread in GLOBAL mode may not
+ * make a potentially unsafe call while it has a capture of its own that is not RELAXED, or while
+ * another thread has a GLOBAL one; a THREAD_LOCAL thread only for its own; a RELAXED thread never.
+ * A forbidden call fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates those
+ * captures. The unsafe calls here: synchronizations and queries of streams, events and contexts,
+ * classic allocations and frees, and stream-ordered ones on a stream that is not capturing (the
+ * driver of 580 refuses cuMemFreeAsync there).
+ *
+ * cap_lock guards every capture's state and the streams' and events' links to captures; it is
+ * taken last, under any other lock.
+ */
+
+struct sim_galloc {
+	struct sim_galloc *next;
+	void *mem;
+	size_t size;
+	bool freed_in_graph;	/* the capture freed it: a free node */
+	bool live;		/* launched and not yet freed */
+};
+
+struct sim_graph {
+	uint64_t id;
+	CUstreamCaptureMode mode;
+	struct sim_thread *owner;	/* the thread that began the capture */
+	struct sim_stream *origin;	/* holds a reference while capturing */
+	bool capturing, invalidated;
+	struct op *head, *tail;
+	struct sim_galloc *allocs;
+	struct sim_stream **joined;	/* streams that joined, with references */
+	size_t n_joined;
+	long refs;			/* the graph handle and its executables */
+	struct sim_graph *next;		/* captures in flight */
+	struct sim_graph *all_prev, *all_next;	/* every graph not yet freed */
+};
+
+struct sim_graph_exec {
+	struct sim_graph *graph;
+};
+
+static pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sim_graph *captures;	/* in flight */
+static atomic_long n_captures;
+static atomic_long n_captured_events;	/* set once an event is recorded in a capture */
+static atomic_ullong next_capture_id = 1;
+static struct sim_graph *graphs;	/* every capture and graph not yet freed */
+
+static void graph_put_locked(struct sim_graph *g)
+{
+	if (--g->refs)
+		return;
+	if (g->all_prev)
+		g->all_prev->all_next = g->all_next;
+	else
+		graphs = g->all_next;
+	if (g->all_next)
+		g->all_next->all_prev = g->all_prev;
+	while (g->allocs) {
+		struct sim_galloc *a = g->allocs;
+
+		g->allocs = a->next;
+		free(a->mem);
+		free(a);
+	}
+	op_free_list(g->head);
+	free(g);
+}
+
+static bool capture_append(struct sim_stream *s, struct op *op, CUresult *rc)
+{
+	struct sim_graph *g;
+
+	if (!atomic_load(&n_captures))
+		return false;
+	pthread_mutex_lock(&cap_lock);
+	g = s->cap;
+	if (g && g->invalidated) {
+		*rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+	} else if (g) {
+		*rc = CUDA_SUCCESS;
+		op->next = NULL;
+		if (g->tail)
+			g->tail->next = op;
+		else
+			g->head = op;
+		g->tail = op;
+		op = NULL;
+	}
+	pthread_mutex_unlock(&cap_lock);
+	if (g && op)
+		op_free(op);
+	return g != NULL;
+}
+
+/* An event recorded on a capturing stream: a node of the graph. e's lock held. */
+static bool capture_record(struct sim_event *e, struct sim_stream *s, CUresult *rc)
+{
+	struct sim_graph *g;
+
+	pthread_mutex_lock(&cap_lock);
+	g = s->cap;
+	if (g) {
+		*rc = g->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+		if (!g->invalidated) {
+			e->captured = true;
+			e->capture_id = g->id;
+			atomic_store(&n_captured_events, 1);
+		}
+	} else {
+		e->captured = false;
+	}
+	pthread_mutex_unlock(&cap_lock);
+	return g != NULL;
+}
+
+static void event_captured_read(void *obj, void *arg)
+{
+	*(bool *)arg = ((struct sim_event *)obj)->captured;
+}
+
+static bool event_captured(CUevent handle)
+{
+	bool captured = false;
+
+	if (!atomic_load(&n_captured_events))
+		return false;
+	pthread_mutex_lock(&cap_lock);
+	sim_handle_visit(SIM_HANDLE_EVENT, SIM_VALUE(handle), event_captured_read, &captured);
+	pthread_mutex_unlock(&cap_lock);
+	return captured;
+}
+
+/* The id of the capture an event was last recorded in, 0 if none. */
+static void event_capture_read(void *obj, void *arg)
+{
+	struct sim_event *e = obj;
+
+	*(uint64_t *)arg = e->captured ? e->capture_id : 0;
+}
+
+static void capture_invalidate_locked(struct sim_graph *g)
+{
+	g->invalidated = true;
+}
+
+/* A wait that concerns a capture: s capturing, or the event recorded in one. */
+static bool capture_wait(struct sim_stream *s, CUevent event, unsigned flags, CUresult *rc)
+{
+	struct sim_graph *g = NULL;
+	struct sim_stream **grown;
+	uint64_t id = 0;
+	bool handled = false;
+
+	if (!atomic_load(&n_captures) && !atomic_load(&n_captured_events))
+		return false;
+	pthread_mutex_lock(&cap_lock);
+	if (!sim_handle_visit(SIM_HANDLE_EVENT, SIM_VALUE(event), event_capture_read, &id)) {
+		pthread_mutex_unlock(&cap_lock);
+		return false; /* the caller answers the bad handle */
+	}
+	for (g = id ? captures : NULL; g && g->id != id; g = g->next)
+		;
+	if (id && !g) {
+		/* Recorded in a capture that has ended: nothing to wait for in a stream. */
+		*rc = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+		handled = true;
+	} else if (g && !s->cap) {
+		/* Joins the capture. */
+		grown = realloc(g->joined, (g->n_joined + 1) * sizeof(*grown));
+		*rc = grown ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+		if (grown) {
+			g->joined = grown;
+			stream_ref(s);
+			g->joined[g->n_joined++] = s;
+			s->cap = g;
+		}
+		handled = true;
+	} else if (g && s->cap != g) {
+		*rc = CUDA_ERROR_STREAM_CAPTURE_MERGE;
+		capture_invalidate_locked(s->cap);
+		handled = true;
+	} else if (g) {
+		*rc = s->cap->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+		handled = true;
+	} else if (s->cap && !(flags & CU_EVENT_WAIT_EXTERNAL)) {
+		/* An event from outside the capture, without the external flag. */
+		*rc = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+		capture_invalidate_locked(s->cap);
+		handled = true;
+	}
+	pthread_mutex_unlock(&cap_lock);
+	return handled;
+}
+
+CUresult sim_capture_unsafe(void)
+{
+	struct sim_thread *t;
+	struct sim_graph *g;
+	bool forbidden = false;
+
+	if (!atomic_load(&n_captures))
+		return CUDA_SUCCESS;
+	t = sim_thread(true);
+	if (t->capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+		return CUDA_SUCCESS;
+	pthread_mutex_lock(&cap_lock);
+	for (g = captures; g; g = g->next) {
+		bool own = g->owner == t;
+
+		if ((own && g->mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+		    (!own && t->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+		     g->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+			capture_invalidate_locked(g);
+			forbidden = true;
+		}
+	}
+	pthread_mutex_unlock(&cap_lock);
+	return forbidden ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+/* Querying or synchronizing a capturing stream is illegal whatever the mode; else the call is
+ * only potentially unsafe. */
+static CUresult capture_forbids(CUstream handle)
+{
+	struct sim_stream *s;
+	CUresult rc = CUDA_SUCCESS;
+
+	if (!atomic_load(&n_captures))
+		return CUDA_SUCCESS;
+	if (stream_get(handle, &s) == CUDA_SUCCESS) {
+		pthread_mutex_lock(&cap_lock);
+		if (s->cap) {
+			capture_invalidate_locked(s->cap);
+			rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+		}
+		pthread_mutex_unlock(&cap_lock);
+		stream_put(s);
+	}
+	return rc == CUDA_SUCCESS ? sim_capture_unsafe() : rc;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamBeginCapture(CUstream handle, CUstreamCaptureMode mode)
+{
+	struct sim_stream *s;
+	struct sim_graph *g;
+	CUresult rc;
+
+	SIM_ENTER(cuStreamBeginCapture);
+	if ((unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED || handle == CU_STREAM_LEGACY)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = stream_get(handle, &s);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (s->kind == STREAM_LEGACY) {
+		stream_put(s);
+		return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+	}
+	g = calloc(1, sizeof(*g));
+	if (!g) {
+		stream_put(s);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	g->id = atomic_fetch_add(&next_capture_id, 1);
+	g->mode = mode;
+	g->owner = sim_thread(true);
+	g->origin = s; /* the reference moves here */
+	g->capturing = true;
+	g->refs = 1;
+	pthread_mutex_lock(&cap_lock);
+	if (s->cap) {
+		rc = CUDA_ERROR_ILLEGAL_STATE;
+	} else {
+		s->cap = g;
+		g->next = captures;
+		captures = g;
+		g->all_next = graphs;
+		if (graphs)
+			graphs->all_prev = g;
+		graphs = g;
+		atomic_fetch_add(&n_captures, 1);
+	}
+	pthread_mutex_unlock(&cap_lock);
+	if (rc != CUDA_SUCCESS) {
+		free(g);
+		stream_put(s);
+	}
+	return rc;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream handle, CUgraph *graph)
+{
+	struct sim_stream *s, *origin = NULL, **joined = NULL;
+	struct sim_graph *g, **pp;
+	size_t n_joined = 0;
+	CUresult rc;
+
+	SIM_ENTER(cuStreamEndCapture);
+	if (!graph)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = stream_get(handle, &s);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	pthread_mutex_lock(&cap_lock);
+	g = s->cap;
+	if (!g)
+		rc = CUDA_ERROR_ILLEGAL_STATE;
+	else if (g->origin != s)
+		rc = CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+	else if (g->mode != CU_STREAM_CAPTURE_MODE_RELAXED && g->owner != sim_thread(true))
+		rc = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+	if (rc == CUDA_SUCCESS) {
+		for (pp = &captures; *pp != g; pp = &(*pp)->next)
+			;
+		*pp = g->next;
+		atomic_fetch_sub(&n_captures, 1);
+		g->capturing = false;
+		s->cap = NULL;
+		for (size_t i = 0; i < g->n_joined; i++)
+			if (g->joined[i]->cap == g)
+				g->joined[i]->cap = NULL;
+		joined = g->joined;
+		n_joined = g->n_joined;
+		g->joined = NULL;
+		origin = g->origin;
+		g->origin = NULL;
+		if (g->invalidated) {
+			rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+			*graph = NULL;
+			graph_put_locked(g);
+		} else {
+			*graph = (CUgraph)g;
+		}
+	}
+	pthread_mutex_unlock(&cap_lock);
+	for (size_t i = 0; i < n_joined; i++)
+		stream_put(joined[i]);
+	free(joined);
+	if (origin)
+		stream_put(origin);
+	stream_put(s);
+	return rc;
+}
+
+static CUresult capture_status(CUstream handle, CUstreamCaptureStatus *status, uint64_t *id)
+{
+	struct sim_stream *s;
+	CUresult rc;
+
+	if (!status)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = stream_get(handle, &s);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	pthread_mutex_lock(&cap_lock);
+	*status = !s->cap ? CU_STREAM_CAPTURE_STATUS_NONE
+	          : s->cap->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+				    : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+	if (id && s->cap)
+		*id = s->cap->id;
+	pthread_mutex_unlock(&cap_lock);
+	stream_put(s);
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamIsCapturing(CUstream handle, CUstreamCaptureStatus *status)
+{
+	SIM_ENTER(cuStreamIsCapturing);
+	return capture_status(handle, status, NULL);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo(CUstream handle, CUstreamCaptureStatus *status,
+						   cuuint64_t *id, CUgraph *graph,
+						   const CUgraphNode **deps,
+						   const CUgraphEdgeData **edges, size_t *n_deps)
+{
+	uint64_t v = 0;
+	CUresult rc;
+
+	SIM_ENTER(cuStreamGetCaptureInfo);
+	rc = capture_status(handle, status, &v);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	/* Nodes are not simulated: a capture has no dependencies to show. */
+	if (id && *status != CU_STREAM_CAPTURE_STATUS_NONE)
+		*id = v;
+	if (graph)
+		*graph = NULL;
+	if (deps)
+		*deps = NULL;
+	if (edges)
+		*edges = NULL;
+	if (n_deps)
+		*n_deps = 0;
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+	struct sim_thread *t;
+	int was;
+
+	SIM_ENTER(cuThreadExchangeStreamCaptureMode);
+	if (!mode || (unsigned)*mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+		return CUDA_ERROR_INVALID_VALUE;
+	t = sim_thread(true);
+	was = t->capture_mode;
+	t->capture_mode = (int)*mode;
+	*mode = (CUstreamCaptureMode)was;
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuGraphInstantiate(CUgraphExec *exec, CUgraph graph,
+					       unsigned long long flags)
+{
+	struct sim_graph_exec *x;
+
+	SIM_ENTER(cuGraphInstantiate);
+	if (!exec || !graph || flags)
+		return CUDA_ERROR_INVALID_VALUE;
+	x = calloc(1, sizeof(*x));
+	if (!x)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	pthread_mutex_lock(&cap_lock);
+	x->graph = (struct sim_graph *)graph;
+	x->graph->refs++;
+	pthread_mutex_unlock(&cap_lock);
+	*exec = (CUgraphExec)x;
+	return CUDA_SUCCESS;
+}
+
+/* A copy of a captured operation, holding its own references. */
+static struct op *op_copy(const struct op *op)
+{
+	struct op *c = malloc(sizeof(*c));
+
+	if (!c)
+		return NULL;
+	*c = *op;
+	c->next = NULL;
+	if (c->kind == OP_WAIT)
+		stream_ref(c->wait.stream);
+	else if (c->kind == OP_RECORD)
+		atomic_fetch_add(&c->record.event->refs, 1);
+	return c;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuGraphLaunch(CUgraphExec exec, CUstream handle)
+{
+	struct sim_graph_exec *x = (struct sim_graph_exec *)exec;
+	struct sim_galloc *a;
+	struct sim_stream *s;
+	struct op *list = NULL, **tail = &list, *op, *next;
+	uint64_t seq;
+	CUresult rc;
+
+	SIM_ENTER(cuGraphLaunch);
+	if (!x)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = stream_get(handle, &s);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	pthread_mutex_lock(&cap_lock);
+	for (a = x->graph->allocs; a; a = a->next)
+		if (a->live)
+			rc = CUDA_ERROR_INVALID_VALUE; /* still allocated from the last launch */
+	for (op = x->graph->head; rc == CUDA_SUCCESS && op; op = op->next) {
+		/* A record in a capture only ordered the graph's own work: no node to run. */
+		if (op->kind == OP_RECORD)
+			continue;
+		if (!(*tail = op_copy(op)))
+			rc = CUDA_ERROR_OUT_OF_MEMORY;
+		else
+			tail = &(*tail)->next;
+	}
+	if (rc == CUDA_SUCCESS)
+		for (a = x->graph->allocs; a; a = a->next)
+			a->live = !a->freed_in_graph;
+	pthread_mutex_unlock(&cap_lock);
+	for (op = list; op; op = next) {
+		next = op->next;
+		if (rc == CUDA_SUCCESS)
+			rc = enqueue(s, op, &seq);
+		else
+			op_free(op);
+	}
+	stream_put(s);
+	return rc;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec exec)
+{
+	struct sim_graph_exec *x = (struct sim_graph_exec *)exec;
+
+	SIM_ENTER(cuGraphExecDestroy);
+	if (!x)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&cap_lock);
+	graph_put_locked(x->graph);
+	pthread_mutex_unlock(&cap_lock);
+	free(x);
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuGraphDestroy(CUgraph graph)
+{
+	SIM_ENTER(cuGraphDestroy);
+	if (!graph)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&cap_lock);
+	graph_put_locked((struct sim_graph *)graph);
+	pthread_mutex_unlock(&cap_lock);
+	return CUDA_SUCCESS;
+}
+
+/* The capture a stream records into, or NULL; rc set for a bad handle. */
+static struct sim_graph *stream_capture_locked(CUstream handle, CUresult *rc)
+{
+	struct sim_stream *s;
+	struct sim_graph *g;
+
+	*rc = stream_get(handle, &s);
+	if (*rc != CUDA_SUCCESS)
+		return NULL;
+	g = s->cap;
+	stream_put(s);
+	return g;
+}
+
+bool sim_graph_alloc(CUdeviceptr *dptr, size_t size, CUstream stream, CUresult *rc)
+{
+	struct sim_galloc *a;
+	struct sim_graph *g;
+
+	if (!atomic_load(&n_captures))
+		return false;
+	pthread_mutex_lock(&cap_lock);
+	g = stream_capture_locked(stream, rc);
+	if (g && g->invalidated) {
+		*rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+	} else if (g && (!dptr || !size)) {
+		*rc = CUDA_ERROR_INVALID_VALUE;
+	} else if (g) {
+		a = calloc(1, sizeof(*a));
+		if (a)
+			a->mem = aligned_alloc(256, (size + 255) & ~(size_t)255);
+		if (!a || !a->mem) {
+			free(a);
+			*rc = CUDA_ERROR_OUT_OF_MEMORY;
+		} else {
+			a->size = size;
+			a->next = g->allocs;
+			g->allocs = a;
+			*dptr = (CUdeviceptr)(uintptr_t)a->mem;
+			*rc = CUDA_SUCCESS;
+		}
+	}
+	pthread_mutex_unlock(&cap_lock);
+	return g != NULL || *rc != CUDA_SUCCESS;
+}
+
+static struct sim_galloc *galloc_find_locked(struct sim_graph *g, CUdeviceptr p)
+{
+	struct sim_galloc *a;
+
+	for (a = g->allocs; a; a = a->next)
+		if ((uintptr_t)a->mem == (uintptr_t)p)
+			return a;
+	return NULL;
+}
+
+bool sim_graph_free(CUdeviceptr dptr, CUstream stream, CUresult *rc)
+{
+	struct sim_galloc *a = NULL;
+	struct sim_graph *g;
+	bool handled = false;
+
+	pthread_mutex_lock(&cap_lock);
+	if (!graphs) {
+		pthread_mutex_unlock(&cap_lock);
+		return false;
+	}
+	g = stream_capture_locked(stream, rc);
+	if (*rc != CUDA_SUCCESS) {
+		handled = true;
+	} else if (g) {
+		/* A free node: of an allocation of this capture, never freed in it. */
+		a = galloc_find_locked(g, dptr);
+		*rc = g->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+		      : a && !a->freed_in_graph ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+		if (*rc == CUDA_SUCCESS)
+			a->freed_in_graph = true;
+		handled = true;
+	} else {
+		/* After a launch, outside the graph: the allocation must be live. */
+		for (g = graphs; g && !a; g = g->all_next)
+			a = galloc_find_locked(g, dptr);
+		if (a) {
+			*rc = a->live ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+			a->live = false;
+			handled = true;
+		}
+	}
+	pthread_mutex_unlock(&cap_lock);
+	return handled;
+}
+
+#ifndef SIM_LIBCUDA
+SIM_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+	CUresult rc;
+
+	SIM_ENTER(cuMemAllocAsync);
+	if (sim_graph_alloc(dptr, bytesize, hStream, &rc))
+		return rc;
+	rc = sim_capture_unsafe();
+	return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+	CUresult rc;
+
+	SIM_ENTER(cuMemFreeAsync);
+	if (sim_graph_free(dptr, hStream, &rc))
+		return rc;
+	rc = sim_capture_unsafe();
+	return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_INVALID_VALUE;
+}
+#endif
