@@ -65,6 +65,10 @@
 	X(cuEventSynchronize) X(cuEventElapsedTime) \
 	X(cuMemsetD8Async) X(cuMemsetD32Async) X(cuMemsetD8) X(cuMemcpyHtoDAsync) \
 	X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemcpyHtoD) X(cuMemcpyDtoH) \
+	X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing) \
+	X(cuStreamGetCaptureInfo) X(cuThreadExchangeStreamCaptureMode) X(cuGraphInstantiate) \
+	X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuMemAllocAsync) \
+	X(cuMemFreeAsync) \
 	X(sim_fail) X(sim_fail_clear) X(sim_calls) X(sim_counts_reset) X(sim_live_get) \
 	X(sim_handles_recycle)
 
@@ -1510,6 +1514,158 @@ static void run(const char *name, void (*fn)(void))
 	fflush(stdout);
 }
 
+/* Capture: work on a capturing stream is recorded, not run; a graph runs it at every launch;
+ * graph memory lives from a launch to its free. */
+static void test_capture_graphs(void)
+{
+	CUstreamCaptureStatus st;
+	CUstream s, t;
+	CUgraph g;
+	CUgraphExec x;
+	CUdeviceptr d, other;
+	CUevent ev;
+	cuuint64_t id = 0;
+	unsigned host[4];
+	unsigned seen[4];
+	int i;
+
+	OK(drv.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	OK(drv.cuStreamCreate(&t, CU_STREAM_NON_BLOCKING));
+	OK(drv.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+	OK(drv.cuStreamIsCapturing(s, &st));
+	CHECK(st == CU_STREAM_CAPTURE_STATUS_NONE);
+	/* Outside a capture, libsopsim has no pools. */
+	CHECK_RC(drv.cuMemAllocAsync(&d, 4096, s), CUDA_ERROR_NOT_SUPPORTED);
+	CHECK_RC(drv.cuStreamBeginCapture(CU_STREAM_LEGACY, CU_STREAM_CAPTURE_MODE_GLOBAL),
+		 CUDA_ERROR_INVALID_VALUE);
+	OK(drv.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+	CHECK_RC(drv.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_ERROR_ILLEGAL_STATE);
+	OK(drv.cuStreamIsCapturing(s, &st));
+	CHECK(st == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+	OK(drv.cuStreamGetCaptureInfo(s, &st, &id, NULL, NULL, NULL, NULL));
+	CHECK(st == CU_STREAM_CAPTURE_STATUS_ACTIVE && id != 0);
+	OK(drv.cuMemAllocAsync(&d, sizeof host, s));
+	OK(drv.cuMemAllocAsync(&other, 4096, s));
+	OK(drv.cuMemsetD32Async(d, 7, 4, s));
+	OK(drv.cuMemcpyDtoHAsync(host, d, sizeof host, s));
+	/* Recorded in the capture: not queryable; a wait on it joins t to the capture. */
+	OK(drv.cuEventRecord(ev, s));
+	CHECK_RC(drv.cuEventQuery(ev), CUDA_ERROR_CAPTURED_EVENT);
+	OK(drv.cuStreamWaitEvent(t, ev, 0));
+	OK(drv.cuStreamIsCapturing(t, &st));
+	CHECK(st == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+	CHECK_RC(drv.cuStreamEndCapture(t, &g), CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+	OK(drv.cuMemFreeAsync(d, s));
+	/* A free of memory that is not the graph's, or twice. */
+	CHECK_RC(drv.cuMemFreeAsync(d, s), CUDA_ERROR_INVALID_VALUE);
+	memset(host, 0, sizeof host);
+	OK(drv.cuStreamEndCapture(s, &g));
+	OK(drv.cuStreamIsCapturing(t, &st));
+	CHECK(st == CU_STREAM_CAPTURE_STATUS_NONE);
+	/* Nothing ran. */
+	OK(drv.cuStreamSynchronize(s));
+	CHECK(host[0] == 0);
+	OK(drv.cuGraphInstantiate(&x, g, 0));
+	OK(drv.cuGraphLaunch(x, s));
+	OK(drv.cuStreamSynchronize(s));
+	CHECK(host[0] == 7 && host[3] == 7);
+	/* other was not freed in the graph: live until freed outside it, and a launch meanwhile
+	 * fails. */
+	CHECK_RC(drv.cuGraphLaunch(x, s), CUDA_ERROR_INVALID_VALUE);
+	OK(drv.cuMemFreeAsync(other, s));
+	CHECK_RC(drv.cuMemFreeAsync(other, s), CUDA_ERROR_INVALID_VALUE);
+	for (i = 0; i < 3; i++) {
+		memset(host, 0, sizeof host);
+		OK(drv.cuGraphLaunch(x, s));
+		OK(drv.cuStreamSynchronize(s));
+		memcpy(seen, host, sizeof seen);
+		CHECK(seen[1] == 7);
+		OK(drv.cuMemFreeAsync(other, s));
+	}
+	OK(drv.cuGraphExecDestroy(x));
+	OK(drv.cuGraphDestroy(g));
+	OK(drv.cuEventDestroy(ev));
+	OK(drv.cuStreamDestroy(t));
+	OK(drv.cuStreamDestroy(s));
+}
+
+struct capture_peer {
+	CUstream s;
+	CUstreamCaptureMode mode;
+	CUresult query;
+};
+
+static void *capture_peer_main_mode(void *arg)
+{
+	struct capture_peer *p = arg;
+	CUstreamCaptureMode m = p->mode;
+
+	OK(drv.cuCtxSetCurrent(ctx0));
+	OK(drv.cuThreadExchangeStreamCaptureMode(&m));
+	p->query = drv.cuStreamQuery(p->s);
+	return NULL;
+}
+
+/* A potentially unsafe call from another thread: forbidden, and the capture invalidated, by a
+ * GLOBAL capture unless the caller is RELAXED; never by a THREAD_LOCAL or RELAXED one. The
+ * capturing stream itself may never be queried or synchronized. */
+static void test_capture_modes(void)
+{
+	static const struct {
+		CUstreamCaptureMode capture, caller;
+		bool forbidden;
+	} cases[] = {
+		{CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_GLOBAL, true},
+		{CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, false},
+		{CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_RELAXED, false},
+		{CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CU_STREAM_CAPTURE_MODE_GLOBAL, false},
+		{CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_MODE_GLOBAL, false},
+	};
+	CUstreamCaptureMode m;
+	struct capture_peer peer;
+	pthread_t th;
+	CUstream s, other;
+	CUgraph g;
+	size_t i;
+
+	OK(drv.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	OK(drv.cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+	m = (CUstreamCaptureMode)7;
+	CHECK_RC(drv.cuThreadExchangeStreamCaptureMode(&m), CUDA_ERROR_INVALID_VALUE);
+	for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		OK(drv.cuStreamBeginCapture(s, cases[i].capture));
+		peer.s = other;
+		peer.query = CUDA_ERROR_UNKNOWN;
+		peer.mode = cases[i].caller; /* modes are per thread: the peer sets its own */
+		pthread_create(&th, NULL, capture_peer_main_mode, &peer);
+		pthread_join(th, NULL);
+		CHECK_RC(peer.query, cases[i].forbidden ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+							: CUDA_SUCCESS);
+		CHECK_RC(drv.cuStreamEndCapture(s, &g), cases[i].forbidden
+							    ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+							    : CUDA_SUCCESS);
+		if (!cases[i].forbidden)
+			OK(drv.cuGraphDestroy(g));
+	}
+	/* The capturing thread itself, in its own GLOBAL capture: forbidden unless it relaxes. */
+	OK(drv.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+	m = CU_STREAM_CAPTURE_MODE_RELAXED;
+	OK(drv.cuThreadExchangeStreamCaptureMode(&m));
+	CHECK(m == CU_STREAM_CAPTURE_MODE_GLOBAL);
+	OK(drv.cuStreamQuery(other));
+	OK(drv.cuThreadExchangeStreamCaptureMode(&m));
+	CHECK(m == CU_STREAM_CAPTURE_MODE_RELAXED);
+	OK(drv.cuStreamEndCapture(s, &g));
+	OK(drv.cuGraphDestroy(g));
+	/* Synchronizing the capturing stream: illegal in any mode. */
+	OK(drv.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+	CHECK_RC(drv.cuStreamSynchronize(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+	CHECK_RC(drv.cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+	CHECK(g == NULL);
+	OK(drv.cuStreamDestroy(other));
+	OK(drv.cuStreamDestroy(s));
+}
+
 int main(int argc, char **argv)
 {
 	lib_path = argc > 1 && argv[1][0] != '-' ? argv[1] : getenv("SOP_DRIVER_LIBRARY");
@@ -1558,6 +1714,8 @@ int main(int argc, char **argv)
 	run("threads", test_threads);
 	run("threads-handles", test_threads_handles);
 	run("handle-churn", test_handle_churn);
+	run("capture-graphs", test_capture_graphs);
+	run("capture-modes", test_capture_modes);
 	if (failures == 0) {
 		int before = failures;
 

@@ -1257,11 +1257,11 @@ SIM_EXPORT CUresult CUDAAPI cuEventQuery(CUevent handle)
 	CUresult rc;
 
 	SIM_ENTER(cuEventQuery);
+	if (event_captured(handle))
+		return CUDA_ERROR_CAPTURED_EVENT;
 	rc = sim_capture_unsafe();
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	if (event_captured(handle))
-		return CUDA_ERROR_CAPTURED_EVENT;
 	rc = event_position(handle, &p);
 	if (rc != CUDA_SUCCESS || !p.stream)
 		return rc;
@@ -1276,11 +1276,11 @@ SIM_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent handle)
 	CUresult rc;
 
 	SIM_ENTER(cuEventSynchronize);
+	if (event_captured(handle))
+		return CUDA_ERROR_CAPTURED_EVENT;
 	rc = sim_capture_unsafe();
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	if (event_captured(handle))
-		return CUDA_ERROR_CAPTURED_EVENT;
 	rc = event_position(handle, &p);
 	if (rc != CUDA_SUCCESS || !p.stream)
 		return rc;
