@@ -616,7 +616,11 @@ void sop__oom_report(struct sop_pool *pool, size_t size);
 
 /* ---- sop.c ------------------------------------------------------------------------------- */
 
-/* The public API, sop.h; nothing of its own here. */
+/* The public API, sop.h, and for the interposer, which calls only sop.c: */
+
+/* sop_pointer_get_pool, and the allocation ptr lies in: its start and the bytes requested (for
+ * the interposer's pointer attributes). start and size may be NULL. */
+CUresult sop__pointer_block(const void *ptr, sop_pool_t *pool, CUdeviceptr *start, size_t *size);
 
 /* ---- check.c ----------------------------------------------------------------------------- */
 

@@ -528,14 +528,16 @@ sop_free(void *ptr)
 	return CUDA_SUCCESS;
 }
 
-SOP_API CUresult
-sop_pointer_get_pool(sop_pool_t *pool, const void *ptr)
+CUresult
+sop__pointer_block(const void *ptr, sop_pool_t *pool, CUdeviceptr *start, size_t *size)
 {
 	CUdeviceptr addr = (CUdeviceptr)(uintptr_t)ptr;
 	struct sop__segment *seg;
 	struct sop__block *b = NULL;
 	struct sop__pin *pin;
 	struct sop_pool *p;
+	CUdeviceptr at = 0;
+	size_t req = 0;
 	CUresult r = sop__init();
 
 	if (r != CUDA_SUCCESS)
@@ -558,20 +560,34 @@ sop_pointer_get_pool(sop_pool_t *pool, const void *ptr)
 				;
 			/* A free of the block may be claiming it meanwhile (it takes neither
 			 * lock): it is ALLOC and its size still read, or it is not. */
-			if (b && !(sop__block_state(b) == SOP_BLOCK_ALLOC &&
-				   addr - b->addr < __atomic_load_n(&b->req, __ATOMIC_RELAXED)))
+			if (b) {
+				req = __atomic_load_n(&b->req, __ATOMIC_RELAXED);
+				at = b->addr;
+			}
+			if (b && !(sop__block_state(b) == SOP_BLOCK_ALLOC && addr - b->addr < req))
 				b = NULL;
 			sop__lock_drop(&seg->lock);
 			break;
 		}
 	}
-	if (b)
+	if (b) {
 		*pool = sop__pool_handle(p);
-	else
+		if (start)
+			*start = at;
+		if (size)
+			*size = req;
+	} else {
 		r = CUDA_ERROR_INVALID_VALUE;
+	}
 	pthread_mutex_unlock(&p->lock);
 	sop__unpin(pin);
 	return r;
+}
+
+SOP_API CUresult
+sop_pointer_get_pool(sop_pool_t *pool, const void *ptr)
+{
+	return sop__pointer_block(ptr, pool, NULL, NULL);
 }
 
 /* ---- Synchronization points -------------------------------------------------------------- */
