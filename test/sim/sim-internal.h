@@ -95,7 +95,11 @@
 	X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) \
 	X(cuMemGetDefaultMemPool) X(cuMemGetMemPool) X(cuMemSetMemPool) \
 	X(cuCtxSynchronize_v2) X(cuStreamSynchronize_ptsz) X(cuStreamWaitEvent_ptsz) \
-	X(cuEventRecord_ptsz) X(cuEventRecordWithFlags_ptsz)
+	X(cuEventRecord_ptsz) X(cuEventRecordWithFlags_ptsz) \
+	X(cuStreamBeginCapture_v1) X(cuStreamBeginCapture_v1_ptsz) \
+	X(cuStreamBeginCapture_v2_ptsz) X(cuStreamEndCapture_ptsz) \
+	X(cuStreamBeginCaptureToGraph) X(cuStreamBeginCaptureToGraph_ptsz) \
+	X(cuPointerGetAttribute) X(cuPointerGetAttributes)
 
 /* cuda.h declares the _ptsz variants only for programs built for per-thread streams. */
 CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
@@ -107,6 +111,15 @@ CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsign
 CUresult CUDAAPI cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
 CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
 					     unsigned int flags);
+CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
+/* CUDA 10.0's, without a mode (global), exported as cuStreamBeginCapture(_ptsz). */
+CUresult CUDAAPI cuStreamBeginCapture_v1(CUstream hStream) __asm__("cuStreamBeginCapture");
+CUresult CUDAAPI cuStreamBeginCapture_v1_ptsz(CUstream hStream) __asm__("cuStreamBeginCapture_ptsz");
+CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
+CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+						  const CUgraphNode *dependencies,
+						  const CUgraphEdgeData *dependencyData,
+						  size_t numDependencies, CUstreamCaptureMode mode);
 
 /*
  * cuGetProcAddress's answer for the names whose ABI depends on the version or

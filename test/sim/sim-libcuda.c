@@ -38,6 +38,7 @@ static CUstream per_thread(CUstream s)
 struct classic {
 	struct sim_node node;	/* key: the address */
 	void *mem;
+	size_t size;
 };
 
 static pthread_mutex_t classic_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -67,6 +68,7 @@ static CUresult classic_alloc(CUdeviceptr *dptr, size_t size)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	c->node.key = (uint64_t)(uintptr_t)c->mem;
+	c->size = size;
 	pthread_mutex_lock(&classic_lock);
 	sim_table_insert(&classic_table, &c->node);
 	pthread_mutex_unlock(&classic_lock);
@@ -531,6 +533,122 @@ static CUresult CUDAAPI stream_wait_event_future(CUstream hStream, CUevent hEven
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
+/* ---- stream capture: the other ABIs and the per-thread variants ---- */
+
+SIM_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v1(CUstream hStream)
+{
+	SIM_ENTER(cuStreamBeginCapture_v1);
+	return cuStreamBeginCapture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v1_ptsz(CUstream hStream)
+{
+	SIM_ENTER(cuStreamBeginCapture_v1_ptsz);
+	return cuStreamBeginCapture(per_thread(hStream), CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
+{
+	SIM_ENTER(cuStreamBeginCapture_v2_ptsz);
+	return cuStreamBeginCapture(per_thread(hStream), mode);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
+{
+	SIM_ENTER(cuStreamEndCapture_ptsz);
+	return cuStreamEndCapture(per_thread(hStream), phGraph);
+}
+
+/* Capturing into an existing graph needs graph nodes, which are not simulated. */
+SIM_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+							const CUgraphNode *dependencies,
+							const CUgraphEdgeData *dependencyData,
+							size_t numDependencies,
+							CUstreamCaptureMode mode)
+{
+	SIM_ENTER(cuStreamBeginCaptureToGraph);
+	(void)hStream, (void)hGraph, (void)dependencies, (void)dependencyData;
+	(void)numDependencies, (void)mode;
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+							     const CUgraphNode *dependencies,
+							     const CUgraphEdgeData *dependencyData,
+							     size_t numDependencies,
+							     CUstreamCaptureMode mode)
+{
+	SIM_ENTER(cuStreamBeginCaptureToGraph_ptsz);
+	return cuStreamBeginCaptureToGraph(per_thread(hStream), hGraph, dependencies,
+					   dependencyData, numDependencies, mode);
+}
+
+/* ---- pointer attributes ----
+ *
+ * Of classic allocations only: their range, and no pool (MEMPOOL_HANDLE NULL, as for memory
+ * that no pool holds). Any other pointer is CUDA_ERROR_INVALID_VALUE, and any other attribute
+ * CUDA_ERROR_NOT_SUPPORTED: not simulated. */
+static CUresult pointer_attribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr)
+{
+	struct classic *c = NULL;
+	struct sim_node *n;
+	CUdeviceptr start = 0;
+	size_t size = 0;
+
+	if (!data)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&classic_lock);
+	for (size_t b = 0; b < classic_table.nbuckets && !c; b++)
+		for (n = classic_table.buckets[b]; n && !c; n = n->next) {
+			struct classic *k = sim_container_of(n, struct classic, node);
+
+			if (ptr >= (CUdeviceptr)(uintptr_t)k->mem &&
+			    ptr - (CUdeviceptr)(uintptr_t)k->mem < k->size)
+				c = k;
+		}
+	if (c) {
+		start = (CUdeviceptr)(uintptr_t)c->mem;
+		size = c->size;
+	}
+	pthread_mutex_unlock(&classic_lock);
+	if (!c)
+		return CUDA_ERROR_INVALID_VALUE;
+	switch (attr) {
+	case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+		*(CUmemoryPool *)data = NULL;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+		*(CUdeviceptr *)data = start;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+		*(size_t *)data = size;
+		return CUDA_SUCCESS;
+	default:
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+}
+
+SIM_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
+						  CUdeviceptr ptr)
+{
+	SIM_ENTER(cuPointerGetAttribute);
+	return pointer_attribute(data, attribute, ptr);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes,
+						   CUpointer_attribute *attributes, void **data,
+						   CUdeviceptr ptr)
+{
+	CUresult rc = CUDA_SUCCESS;
+
+	SIM_ENTER(cuPointerGetAttributes);
+	if (!numAttributes || !attributes || !data)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (unsigned int i = 0; i < numAttributes && rc == CUDA_SUCCESS; i++)
+		rc = pointer_attribute(data[i], attributes[i], ptr);
+	return rc;
+}
+
 /* ---- cuGetProcAddress by version ---- */
 
 typedef void (*sim_fn)(void);
@@ -577,6 +695,13 @@ static const struct versioned versioned[] = {
 	{"cuDeviceGetDefaultMemPool", 11020, FN(cuDeviceGetDefaultMemPool), NULL},
 	{"cuDeviceGetMemPool", 11020, FN(cuDeviceGetMemPool), NULL},
 	{"cuDeviceSetMemPool", 11020, FN(cuDeviceSetMemPool), NULL},
+	{"cuStreamBeginCapture", 10000, FN(cuStreamBeginCapture_v1), FN(cuStreamBeginCapture_v1_ptsz)},
+	{"cuStreamBeginCapture", 10010, FN(cuStreamBeginCapture_v2), FN(cuStreamBeginCapture_v2_ptsz)},
+	{"cuStreamEndCapture", 10000, FN(cuStreamEndCapture), FN(cuStreamEndCapture_ptsz)},
+	{"cuStreamBeginCaptureToGraph", 12030, FN(cuStreamBeginCaptureToGraph),
+	 FN(cuStreamBeginCaptureToGraph_ptsz)},
+	{"cuPointerGetAttribute", 4000, FN(cuPointerGetAttribute), NULL},
+	{"cuPointerGetAttributes", 7000, FN(cuPointerGetAttributes), NULL},
 	{"cuMemGetDefaultMemPool", 13000, FN(cuMemGetDefaultMemPool), NULL},
 	{"cuMemGetMemPool", 13000, FN(cuMemGetMemPool), NULL},
 	{"cuMemSetMemPool", 13000, FN(cuMemSetMemPool), NULL},
