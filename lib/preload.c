@@ -129,7 +129,25 @@ sop__preload_dlsym(void *handle, const char *name)
 	X(PFN_cuEventDestroy_v4000, cuEventDestroy_v2, "cuEventDestroy_v2")                        \
 	X(PFN_cuCtxGetCurrent_v4000, cuCtxGetCurrent, "cuCtxGetCurrent")                          \
 	X(PFN_cuCtxGetDevice_v2000, cuCtxGetDevice, "cuCtxGetDevice")                             \
-	X(PFN_cuMemGetInfo_v3020, cuMemGetInfo_v2, "cuMemGetInfo_v2")
+	X(PFN_cuMemGetInfo_v3020, cuMemGetInfo_v2, "cuMemGetInfo_v2")                             \
+	X(begin_capture_v1_fn, cuStreamBeginCapture_v1, "cuStreamBeginCapture")                    \
+	X(begin_capture_v1_fn, cuStreamBeginCapture_v1_ptsz, "cuStreamBeginCapture_ptsz")          \
+	X(PFN_cuStreamBeginCapture_v10010, cuStreamBeginCapture_v2, "cuStreamBeginCapture_v2")     \
+	X(PFN_cuStreamBeginCapture_v10010_ptsz, cuStreamBeginCapture_v2_ptsz,                      \
+	  "cuStreamBeginCapture_v2_ptsz")                                                          \
+	X(PFN_cuStreamBeginCaptureToGraph_v12030, cuStreamBeginCaptureToGraph,                     \
+	  "cuStreamBeginCaptureToGraph")                                                           \
+	X(PFN_cuStreamBeginCaptureToGraph_v12030_ptsz, cuStreamBeginCaptureToGraph_ptsz,           \
+	  "cuStreamBeginCaptureToGraph_ptsz")                                                      \
+	X(PFN_cuStreamEndCapture_v10000, cuStreamEndCapture, "cuStreamEndCapture")                 \
+	X(PFN_cuStreamEndCapture_v10000_ptsz, cuStreamEndCapture_ptsz, "cuStreamEndCapture_ptsz")  \
+	X(PFN_cuStreamIsCapturing_v10000, cuStreamIsCapturing, "cuStreamIsCapturing")              \
+	X(PFN_cuPointerGetAttribute_v4000, cuPointerGetAttribute, "cuPointerGetAttribute")         \
+	X(PFN_cuPointerGetAttributes_v7000, cuPointerGetAttributes, "cuPointerGetAttributes")      \
+	X(PFN_cuMemFree_v3020, cuMemFree_v2, "cuMemFree_v2")
+
+/* CUDA 10.0's cuStreamBeginCapture, without a mode: cudaTypedefs.h keeps its type internal. */
+typedef CUresult(CUDAAPI *begin_capture_v1_fn)(CUstream hStream);
 
 struct driver_table {
 	void *dl; /* libcuda.so.1, or NULL where it cannot be loaded */
@@ -259,6 +277,9 @@ __attribute__((constructor)) static void
 preload_loaded(void)
 {
 	pthread_atfork(NULL, NULL, preload_forked);
+	/* Every capture begins and ends through this library from now on (the hooks below): sop
+	 * asks whether a stream captures only while one is in flight. */
+	sop__capture_watch();
 }
 
 /* ---- Pools the driver made ------------------------------------------------------------------ */
@@ -862,6 +883,214 @@ cuMemGetInfo(size_t *free_bytes, size_t *total)
 	return r;
 }
 
+/* ---- Stream capture ------------------------------------------------------------------------ */
+
+/* sop asks whether a stream captures only while the hooks count a capture in flight
+ * (order.c). The count is raised before the driver begins one, so that no call of another
+ * thread on a stream that has begun capturing can miss it, and lowered when the begin failed, or
+ * once the driver's end left the stream capturing no more (an end refused, from the wrong thread
+ * say, leaves the capture running). The count is kept whether sop serves or not: it costs an
+ * atomic add, and sop may start later. A count too high only costs queries. */
+SOP_API CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
+SOP_API CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
+SOP_API CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+							  const CUgraphNode *dependencies,
+							  const CUgraphEdgeData *dependencyData,
+							  size_t numDependencies,
+							  CUstreamCaptureMode mode);
+SOP_API CUresult CUDAAPI begin_capture_v1(CUstream hStream) __asm__("cuStreamBeginCapture");
+SOP_API CUresult CUDAAPI begin_capture_v1_ptsz(CUstream hStream)
+	__asm__("cuStreamBeginCapture_ptsz");
+
+static CUresult
+capture_begun(CUresult r)
+{
+	if (r != CUDA_SUCCESS)
+		sop__capture_count(-1);
+	return r;
+}
+
+/* Whether stream (as the driver reads it, special handles resolved by the caller) captures. */
+static bool
+capture_running(CUstream stream)
+{
+	CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+
+	/* Without the query, assume it does: the count stays high, which is safe. */
+	if (!drv.cuStreamIsCapturing || drv.cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS)
+		return true;
+	return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+SOP_API CUresult CUDAAPI
+begin_capture_v1(CUstream hStream)
+{
+	drv_ensure();
+	sop__capture_count(1);
+	return capture_begun(FORWARD(cuStreamBeginCapture_v1, hStream));
+}
+
+SOP_API CUresult CUDAAPI
+begin_capture_v1_ptsz(CUstream hStream)
+{
+	drv_ensure();
+	sop__capture_count(1);
+	return capture_begun(FORWARD(cuStreamBeginCapture_v1_ptsz, hStream));
+}
+
+SOP_API CUresult CUDAAPI
+cuStreamBeginCapture(CUstream hStream, CUstreamCaptureMode mode)
+{
+	drv_ensure();
+	sop__capture_count(1);
+	return capture_begun(FORWARD(cuStreamBeginCapture_v2, hStream, mode));
+}
+
+SOP_API CUresult CUDAAPI
+cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
+{
+	drv_ensure();
+	sop__capture_count(1);
+	return capture_begun(FORWARD(cuStreamBeginCapture_v2_ptsz, hStream, mode));
+}
+
+SOP_API CUresult CUDAAPI
+cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies,
+			    const CUgraphEdgeData *dependencyData, size_t numDependencies,
+			    CUstreamCaptureMode mode)
+{
+	drv_ensure();
+	sop__capture_count(1);
+	return capture_begun(FORWARD(cuStreamBeginCaptureToGraph, hStream, hGraph, dependencies,
+				     dependencyData, numDependencies, mode));
+}
+
+SOP_API CUresult CUDAAPI
+cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies,
+				 const CUgraphEdgeData *dependencyData, size_t numDependencies,
+				 CUstreamCaptureMode mode)
+{
+	drv_ensure();
+	sop__capture_count(1);
+	return capture_begun(FORWARD(cuStreamBeginCaptureToGraph_ptsz, hStream, hGraph,
+				     dependencies, dependencyData, numDependencies, mode));
+}
+
+/* Lowered only for a stream that captured before and does not after: an end of a stream that
+ * was not capturing ended nothing. */
+SOP_API CUresult CUDAAPI
+cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+	bool was;
+	CUresult r;
+
+	drv_ensure();
+	was = capture_running(hStream);
+	r = FORWARD(cuStreamEndCapture, hStream, phGraph);
+	if (was && !capture_running(hStream))
+		sop__capture_count(-1);
+	return r;
+}
+
+SOP_API CUresult CUDAAPI
+cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
+{
+	bool was;
+	CUresult r;
+
+	drv_ensure();
+	was = capture_running(per_thread(hStream));
+	r = FORWARD(cuStreamEndCapture_ptsz, hStream, phGraph);
+	if (was && !capture_running(per_thread(hStream)))
+		sop__capture_count(-1);
+	return r;
+}
+
+/* ---- Pointers ----------------------------------------------------------------------------- */
+
+/* The attributes sop answers for its own memory: which pool holds it (the handle the program
+ * got, a sop pool), and the allocation's range, as the driver gives it for memory of its pools,
+ * rather than the range of the physical piece that sop mapped there. The driver answers the
+ * rest (device, context, memory type, access), since the memory is mapped as the driver's. An
+ * address in sop's reservation but in no live allocation is CUDA_ERROR_INVALID_VALUE. */
+static bool
+pointer_attr_sop(CUpointer_attribute attr)
+{
+	return attr == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE ||
+	       attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ||
+	       attr == CU_POINTER_ATTRIBUTE_RANGE_SIZE;
+}
+
+static CUresult
+pointer_attr(void *data, CUpointer_attribute attr, CUdeviceptr ptr)
+{
+	CUdeviceptr start;
+	sop_pool_t pool;
+	size_t size;
+	CUresult r;
+
+	if (!data)
+		return CUDA_ERROR_INVALID_VALUE;
+	r = sop__pointer_block(ptr_of(ptr), &pool, &start, &size);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (attr == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE)
+		*(CUmemoryPool *)data = pool_cu(pool);
+	else if (attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+		*(CUdeviceptr *)data = start;
+	else
+		*(size_t *)data = size;
+	return CUDA_SUCCESS;
+}
+
+SOP_API CUresult CUDAAPI
+cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+	if (serving() && pointer_attr_sop(attribute) && sop_reserved(ptr))
+		return pointer_attr(data, attribute, ptr);
+	return FORWARD(cuPointerGetAttribute, data, attribute, ptr);
+}
+
+/* For sop's memory: sop's answers alone when it is asked only its attributes, else the
+ * driver's answer with sop's written over it. */
+SOP_API CUresult CUDAAPI
+cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
+		       CUdeviceptr ptr)
+{
+	unsigned int i, n_sop = 0;
+	CUresult r = CUDA_SUCCESS, mine;
+
+	if (!serving() || !numAttributes || !attributes || !data || !sop_reserved(ptr))
+		return FORWARD(cuPointerGetAttributes, numAttributes, attributes, data, ptr);
+	for (i = 0; i < numAttributes; i++)
+		n_sop += pointer_attr_sop(attributes[i]);
+	if (n_sop < numAttributes)
+		r = FORWARD(cuPointerGetAttributes, numAttributes, attributes, data, ptr);
+	for (i = 0; r == CUDA_SUCCESS && i < numAttributes; i++) {
+		if (!pointer_attr_sop(attributes[i]) || !data[i])
+			continue;
+		mine = pointer_attr(data[i], attributes[i], ptr);
+		if (mine != CUDA_SUCCESS)
+			return mine;
+	}
+	return r;
+}
+
+/* cuMemFree of memory of the driver's pools synchronizes, then frees at once: the same for sop's
+ * memory, with a synchronization of the current context (sop_ctx_synchronize, which also makes
+ * every completed free reusable), then sop_free. During a global capture the synchronization is
+ * refused as the driver refuses it, and the memory stays allocated. */
+SOP_API CUresult CUDAAPI
+cuMemFree(CUdeviceptr dptr)
+{
+	CUresult r;
+
+	if (!serving() || !sop_reserved(dptr))
+		return FORWARD(cuMemFree_v2, dptr);
+	r = sop_ctx_synchronize();
+	return r == CUDA_SUCCESS ? sop_free(ptr_of(dptr)) : r;
+}
+
 /* ---- Lookups ---------------------------------------------------------------------------- */
 
 typedef void (*fn_t)(void);
@@ -913,6 +1142,17 @@ static const struct {
 	{"cuStreamDestroy_v2", (fn_t)cuStreamDestroy},
 	{"cuEventDestroy_v2", (fn_t)cuEventDestroy},
 	{"cuMemGetInfo_v2", (fn_t)cuMemGetInfo},
+	{"cuStreamBeginCapture", (fn_t)begin_capture_v1},
+	{"cuStreamBeginCapture_ptsz", (fn_t)begin_capture_v1_ptsz},
+	{"cuStreamBeginCapture_v2", (fn_t)cuStreamBeginCapture},
+	{"cuStreamBeginCapture_v2_ptsz", (fn_t)cuStreamBeginCapture_v2_ptsz},
+	{"cuStreamBeginCaptureToGraph", (fn_t)cuStreamBeginCaptureToGraph},
+	{"cuStreamBeginCaptureToGraph_ptsz", (fn_t)cuStreamBeginCaptureToGraph_ptsz},
+	{"cuStreamEndCapture", (fn_t)cuStreamEndCapture},
+	{"cuStreamEndCapture_ptsz", (fn_t)cuStreamEndCapture_ptsz},
+	{"cuPointerGetAttribute", (fn_t)cuPointerGetAttribute},
+	{"cuPointerGetAttributes", (fn_t)cuPointerGetAttributes},
+	{"cuMemFree_v2", (fn_t)cuMemFree},
 };
 
 /* What cuGetProcAddress gives for a base name: from version `since` on (cudaTypedefs.h's
@@ -963,6 +1203,17 @@ static const struct {
 	/* Before 3020, the v1 entry point of 32-bit sizes, which sop does not wrap. */
 	{"cuMemGetInfo", 2000, NULL, NULL},
 	{"cuMemGetInfo", 3020, (fn_t)cuMemGetInfo, NULL},
+	{"cuStreamBeginCapture", 10000, (fn_t)begin_capture_v1, (fn_t)begin_capture_v1_ptsz},
+	{"cuStreamBeginCapture", 10010, (fn_t)cuStreamBeginCapture,
+	 (fn_t)cuStreamBeginCapture_v2_ptsz},
+	{"cuStreamBeginCaptureToGraph", 12030, (fn_t)cuStreamBeginCaptureToGraph,
+	 (fn_t)cuStreamBeginCaptureToGraph_ptsz},
+	{"cuStreamEndCapture", 10000, (fn_t)cuStreamEndCapture, (fn_t)cuStreamEndCapture_ptsz},
+	{"cuPointerGetAttribute", 4000, (fn_t)cuPointerGetAttribute, NULL},
+	{"cuPointerGetAttributes", 7000, (fn_t)cuPointerGetAttributes, NULL},
+	/* Before 3020, the v1 entry point of 32-bit addresses, which sop does not wrap. */
+	{"cuMemFree", 2000, NULL, NULL},
+	{"cuMemFree", 3020, (fn_t)cuMemFree, NULL},
 };
 
 static fn_t
