@@ -203,18 +203,8 @@ sop__event_record(CUevent ev, CUstream stream)
 	struct sop__stream *st;
 	struct event_entry *e;
 	unsigned shard, i;
-	bool capturing;
 	CUresult r;
 
-	/* Recorded into a graph: the event then carries nothing sop knows (a wait on it joins the
-	 * waiting stream to the capture). */
-	r = sop__stream_capturing(stream, &capturing);
-	if (r != CUDA_SUCCESS)
-		return r;
-	if (capturing) {
-		sop__event_forget(ev);
-		return SOP_DRV(cuEventRecord)(ev, stream);
-	}
 	r = sop__stream_lookup(stream, false, &st);
 	if (r == CUDA_ERROR_OUT_OF_MEMORY)
 		return SOP_DRV(cuEventRecord)(ev, stream); /* no host memory: no dependency */
@@ -288,16 +278,11 @@ sop__event_wait(CUstream stream, CUevent ev, unsigned int flags)
 	struct sop__clock clock;
 	struct sop__stream *t;
 	unsigned i;
-	bool known, capturing;
+	bool known;
 	CUresult r;
 
 	known = sop__event_clock(ev, &clock);
 	r = SOP_DRV(cuStreamWaitEvent)(stream, ev, flags);
-	/* Within a capture the wait is a dependency of the graph, not of the stream: nothing to
-	 * claim (sop__stream_capturing after the call: the wait may have joined it to one). */
-	if (r == CUDA_SUCCESS && known && clock.n &&
-	    (sop__stream_capturing(stream, &capturing) != CUDA_SUCCESS || capturing))
-		return r;
 	if (r != CUDA_SUCCESS || !known || !clock.n)
 		return r;
 	/* The wait is enqueued: if the event is what sop last saw recorded on it, the stream's

@@ -406,6 +406,11 @@ bool sop__capture_possible(void);
 /* Whether the stream a handle names is capturing (active or invalidated); false without asking
  * when the gate says no capture is in flight. The driver's code for a handle it refuses. */
 CUresult sop__stream_capturing(CUstream stream, bool *capturing);
+/* The same where a capture was ever seen: what a free asks. Under the interposer it asks exactly
+ * when sop__stream_capturing does; without it, only once some stream was found capturing (at an
+ * allocation, which must always know), so that a program that never captures pays nothing per
+ * free. */
+CUresult sop__stream_capturing_seen(CUstream stream, bool *capturing);
 /* Put the calling thread in the relaxed capture mode around driver calls sop makes in its own
  * name (growth, release, probe queries), so that they never invalidate a capture in global mode
  * running in another thread; restore with what it returned. Nothing where no capture may be in

@@ -77,6 +77,8 @@ sop__stream_id(CUstream stream, uint64_t *id)
  * count covers it, since its capture began where the interposer saw it. */
 static atomic_bool capture_watched;
 static atomic_long captures_in_flight;
+/* Some stream was found capturing: from then on frees ask too (sop__stream_capturing_seen). */
+static atomic_bool captures_seen;
 
 void
 sop__capture_watch(void)
@@ -110,7 +112,19 @@ sop__stream_capturing(CUstream stream, bool *capturing)
 	if (r != CUDA_SUCCESS)
 		return r;
 	*capturing = status != CU_STREAM_CAPTURE_STATUS_NONE;
+	if (SOP_UNLIKELY(*capturing) && !atomic_load_explicit(&captures_seen, memory_order_relaxed))
+		atomic_store(&captures_seen, true);
 	return CUDA_SUCCESS;
+}
+
+CUresult
+sop__stream_capturing_seen(CUstream stream, bool *capturing)
+{
+	*capturing = false;
+	if (SOP_LIKELY(!atomic_load_explicit(&capture_watched, memory_order_relaxed) &&
+		       !atomic_load_explicit(&captures_seen, memory_order_relaxed)))
+		return CUDA_SUCCESS;
+	return sop__stream_capturing(stream, capturing);
 }
 
 /* -1: nothing exchanged. */

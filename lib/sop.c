@@ -477,14 +477,17 @@ sop_free_async(void *ptr, CUstream stream)
 	/* On a capturing stream a free is a node of the graph: the driver's for its own graph
 	 * memory (what sop_malloc_async gave during the capture); refused for sop's memory, as the
 	 * driver refuses a free of memory that is not the graph's. */
-	r = sop__stream_capturing(stream, &capturing);
-	if (r == CUDA_SUCCESS && capturing)
-		r = pool ? CUDA_ERROR_INVALID_VALUE
-			 : SOP_DRV(cuMemFreeAsync)((CUdeviceptr)(uintptr_t)ptr, stream);
-	else if (r == CUDA_SUCCESS && (!pool || atomic_load_explicit(&pool->dead, memory_order_acquire)))
-		r = CUDA_ERROR_INVALID_VALUE;
-	else if (r == CUDA_SUCCESS)
-		r = sop__free_async(pool, (CUdeviceptr)(uintptr_t)ptr, stream);
+	if (!pool || atomic_load_explicit(&pool->dead, memory_order_acquire)) {
+		r = sop__stream_capturing(stream, &capturing);
+		if (r == CUDA_SUCCESS)
+			r = capturing ? SOP_DRV(cuMemFreeAsync)((CUdeviceptr)(uintptr_t)ptr, stream)
+				      : CUDA_ERROR_INVALID_VALUE;
+	} else {
+		r = sop__stream_capturing_seen(stream, &capturing);
+		if (r == CUDA_SUCCESS)
+			r = capturing ? CUDA_ERROR_INVALID_VALUE
+				      : sop__free_async(pool, (CUdeviceptr)(uintptr_t)ptr, stream);
+	}
 	sop__unpin(pin);
 	return r;
 }
