@@ -106,6 +106,13 @@ capture_and_launch(void)
 	props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	TH_OK(sop_pool_create(&mine, &props));
 	TH_OK(th.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+	/* Without the interposer: an allocation asks whether its stream captures; a free asks
+	 * nothing while no capture was ever seen. */
+	allocs = calls("cuStreamIsCapturing");
+	TH_OK(sop_malloc_async(&before, 4096, s));
+	TH_EQ(calls("cuStreamIsCapturing"), allocs + 1);
+	TH_OK(sop_free_async(before, s));
+	TH_EQ(calls("cuStreamIsCapturing"), allocs + 1);
 	TH_OK(sop_malloc_async(&before, 4096, s));
 	TH_OK(sop_malloc_async(&out, WORDS * 4, s));
 	TH_OK(th.cuMemsetD32Async((CUdeviceptr)(uintptr_t)out, 0, WORDS, s));

@@ -1,6 +1,9 @@
 /* hotpath.c - a same-stream allocation makes one driver call, the query of who its stream is
  * (cuStreamGetId: the driver gives a destroyed stream's handle to the next stream at once), and
- * its free none: counted with sop_driver_calls. Once several streams are in use, frees record a
+ * its free none: counted with sop_driver_calls. Without the interposer, which counts captures,
+ * an allocation also asks whether its stream captures (cuStreamIsCapturing), and so does a probe
+ * before its record; those are counted apart (captures), and frees ask nothing while no capture
+ * was ever seen. Once several streams are in use, frees record a
  * probe event now and then (asking who the stream is first), never more than one per 64 frees in
  * a steady same-stream loop. A thread that records an event on one stream and makes another wait
  * on it makes those two calls and the two queries, whichever two streams they are. */
@@ -10,7 +13,11 @@
 
 #define PAIRS 20000
 
-/* Every driver call sop made, and those of cuEventRecord and cuStreamGetId. */
+/* The capture queries among them, apart from the sum that total_calls returns. */
+static unsigned long long captures;
+
+/* Every driver call sop made but the capture queries, and those of cuEventRecord and
+ * cuStreamGetId. */
 static unsigned long long
 total_calls(unsigned long long *record, unsigned long long *ids)
 {
@@ -22,6 +29,10 @@ total_calls(unsigned long long *record, unsigned long long *ids)
 	TH_ASSERT(n > 0 && n <= 64);
 	*record = *ids = 0;
 	for (i = 0; i < n; i++) {
+		if (!strcmp(names[i], "cuStreamIsCapturing")) {
+			captures = counts[i];
+			continue;
+		}
 		sum += counts[i];
 		if (!strcmp(names[i], "cuEventRecord"))
 			*record = counts[i];
@@ -47,7 +58,7 @@ pairs(sop_pool_t pool, CUstream s)
 int
 main(void)
 {
-	unsigned long long before, after, rec0, rec1, id0, id1;
+	unsigned long long before, after, rec0, rec1, id0, id1, cap0;
 	const char *names[1];
 	unsigned long long counts[1];
 	size_t n = 0;
@@ -67,12 +78,15 @@ main(void)
 	/* Warm: the pool has grown and the thread knows the stream. */
 	pairs(pool, s);
 	before = total_calls(&rec0, &id0);
+	cap0 = captures;
 	pairs(pool, s);
 	after = total_calls(&rec1, &id1);
-	printf("hotpath: %d same-stream pairs, one stream in use: %llu driver calls\n", PAIRS,
-	       after - before);
+	printf("hotpath: %d same-stream pairs, one stream in use: %llu driver calls and %llu "
+	       "capture queries\n",
+	       PAIRS, after - before, captures - cap0);
 	TH_EQ(id1 - id0, PAIRS);
 	TH_EQ(after - before, PAIRS);
+	TH_EQ(captures - cap0, PAIRS);
 
 	/* A second stream in use: probes, at most one per 64 frees. */
 	s2 = th_stream();
@@ -80,11 +94,13 @@ main(void)
 	TH_OK(sop_free_async(p, s2));
 	pairs(pool, s);
 	before = total_calls(&rec0, &id0);
+	cap0 = captures;
 	pairs(pool, s);
 	after = total_calls(&rec1, &id1);
 	printf("hotpath: %d same-stream pairs, two streams in use: %llu driver calls, %llu event "
 	       "records\n",
 	       PAIRS, after - before, rec1 - rec0);
+	TH_EQ(captures - cap0, PAIRS + (rec1 - rec0));
 	TH_ASSERT(rec1 - rec0 <= PAIRS / 64 + 1);
 	/* One query per allocation, and one before each probe a free records. */
 	TH_EQ(id1 - id0, PAIRS + (rec1 - rec0));
