@@ -123,13 +123,22 @@ CUresult sop_device_get_memory_limit(size_t *limit, size_t *held, CUdevice devic
  * CUDA_ERROR_INVALID_CONTEXT (a special stream with no current context) or the driver's code. */
 CUresult sop_malloc_async(void **ptr, size_t size, CUstream stream);
 
+/* On a stream that is capturing (CUDA graphs), sop_malloc_async and sop_malloc_from_pool_async
+ * give the driver's graph memory (cuMemAllocAsync: a memory node of the graph, live from the node
+ * to its free at every launch), not the pool's, which the pool's statistics do not count; the
+ * pool must then be on the stream's device (else CUDA_ERROR_NOT_SUPPORTED). Free it with
+ * sop_free_async in the capture, or after a launch with the driver's cuMemFreeAsync. */
+
 /* As sop_malloc_async, from pool, which may be located on another device than stream's. */
 CUresult sop_malloc_from_pool_async(void **ptr, size_t size, sop_pool_t pool, CUstream stream);
 
 /* Free ptr in stream order: all accesses to it must be ordered before this call's position in
  * stream. The memory is reusable at once by later allocations on stream. Freeing NULL succeeds.
  * A pointer that is not the start of a live sop allocation (double free, interior or foreign
- * pointer) gives CUDA_ERROR_INVALID_VALUE and changes nothing. */
+ * pointer) gives CUDA_ERROR_INVALID_VALUE and changes nothing. On a capturing stream, a free of
+ * graph memory (any pointer outside sop's pools) is the driver's cuMemFreeAsync, a node of the
+ * graph; a free of sop's memory gives CUDA_ERROR_INVALID_VALUE and leaves it allocated (the
+ * driver refuses a free of memory that is not the graph's there too). */
 CUresult sop_free_async(void *ptr, CUstream stream);
 
 /* Free ptr at once, like cuMemFree on pool memory: the caller guarantees that every access has
