@@ -211,12 +211,17 @@ sop_trim_to(sop_pool_t pool, size_t min_bytes_to_keep)
 	struct sop__pin *pin;
 	struct sop_pool *p;
 	CUresult r = sop__init();
+	int mode;
 
 	if (r != CUDA_SUCCESS)
 		return r;
 	pin = sop__pin();
 	p = pool_usable(pool);
+	/* Unmapping and releasing are sop's calls, relaxed as its growth is (design.md, Stream
+	 * capture). */
+	mode = sop__capture_relax();
 	r = p ? sop__pool_trim(p, min_bytes_to_keep) : CUDA_ERROR_INVALID_VALUE;
+	sop__capture_restore(mode);
 	sop__unpin(pin);
 	return r;
 }
