@@ -365,7 +365,7 @@ idle_disowns(CUstream s1, CUstream s2)
 	TH_ASSERT(segment_of(pool, c) == segment_of(pool, a));
 	TH_ASSERT(segment_of(pool, c)->home != NULL);
 	/* Now s3's: s1, back for more, would grow a segment of its own, but with 2 MiB live in
-	 * 32 reserved it shares s3's (affinity_affordable, stream.c). */
+	 * 32 reserved it shares s3's (affinity_affordable, reuse.c). */
 	TH_OK(sop_malloc_from_pool_async(&d, MiB, pool, s1));
 	TH_ASSERT(segment_of(pool, d) == segment_of(pool, a));
 	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 32 * MiB);
