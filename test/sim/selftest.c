@@ -1662,6 +1662,19 @@ static void test_capture_modes(void)
 	CHECK_RC(drv.cuStreamSynchronize(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
 	CHECK_RC(drv.cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
 	CHECK(g == NULL);
+	/* Its id too, from a relaxed thread in a relaxed capture (the driver of 580); another
+	 * stream's id is fine. */
+	OK(drv.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+	m = CU_STREAM_CAPTURE_MODE_RELAXED;
+	OK(drv.cuThreadExchangeStreamCaptureMode(&m));
+	{
+		unsigned long long id;
+		OK(drv.cuStreamGetId(other, &id));
+		CHECK_RC(drv.cuStreamGetId(s, &id), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+	}
+	OK(drv.cuThreadExchangeStreamCaptureMode(&m));
+	CHECK_RC(drv.cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+	CHECK(g == NULL);
 	OK(drv.cuStreamDestroy(other));
 	OK(drv.cuStreamDestroy(s));
 }

@@ -933,9 +933,16 @@ SIM_EXPORT CUresult CUDAAPI cuStreamGetPriority(CUstream handle, int *priority)
 	STREAM_GETTER(handle, priority, priority);
 }
 
+static CUresult capture_refuses(CUstream handle);
+
 SIM_EXPORT CUresult CUDAAPI cuStreamGetId(CUstream handle, unsigned long long *id)
 {
+	CUresult rc;
+
 	SIM_ENTER(cuStreamGetId);
+	rc = capture_refuses(handle);
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	STREAM_GETTER(handle, id, id);
 }
 
@@ -1663,9 +1670,10 @@ CUresult sim_capture_unsafe(void)
 	return forbidden ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
 
-/* Querying or synchronizing a capturing stream is illegal whatever the mode; else the call is
- * only potentially unsafe. */
-static CUresult capture_forbids(CUstream handle)
+/* A call the driver refuses on a capturing stream whatever the mode, invalidating the capture:
+ * queries and synchronizations, and cuStreamGetId (which the driver of 580 refuses there even
+ * from a thread in the relaxed mode). */
+static CUresult capture_refuses(CUstream handle)
 {
 	struct sim_stream *s;
 	CUresult rc = CUDA_SUCCESS;
@@ -1681,6 +1689,15 @@ static CUresult capture_forbids(CUstream handle)
 		pthread_mutex_unlock(&cap_lock);
 		stream_put(s);
 	}
+	return rc;
+}
+
+/* Querying or synchronizing a capturing stream is illegal whatever the mode; else the call is
+ * only potentially unsafe. */
+static CUresult capture_forbids(CUstream handle)
+{
+	CUresult rc = capture_refuses(handle);
+
 	return rc == CUDA_SUCCESS ? sim_capture_unsafe() : rc;
 }
 
