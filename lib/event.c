@@ -206,8 +206,12 @@ sop__event_record(CUevent ev, CUstream stream)
 	CUresult r;
 
 	r = sop__stream_lookup(stream, false, &st);
-	if (r == CUDA_ERROR_OUT_OF_MEMORY)
-		return SOP_DRV(cuEventRecord)(ev, stream); /* no host memory: no dependency */
+	/* Recorded into a graph: the event then carries nothing sop knows (a wait on it joins the
+	 * waiting stream to the capture). */
+	if (r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+		sop__event_forget(ev);
+	if (r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+		return SOP_DRV(cuEventRecord)(ev, stream); /* no host memory: no dependency either */
 	if (r != CUDA_SUCCESS)
 		return r;
 	/* So that what the event claims can be proven: a probe before it, covering the frees on

@@ -419,8 +419,14 @@ int sop__capture_relax(void);
 void sop__capture_restore(int saved);
 
 /* The id of the stream a handle names now (cuStreamGetId); CUDA_ERROR_INVALID_CONTEXT for a
- * special handle with no current context, or the driver's code for a bad handle. */
+ * special handle with no current context, or the driver's code for a bad handle.
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED for a stream that is capturing, which has no id for sop:
+ * the driver refuses cuStreamGetId there, and invalidates the capture as it does (so where a
+ * capture may be in flight, this asks cuStreamIsCapturing first). */
 CUresult sop__stream_id(CUstream stream, uint64_t *id);
+/* The device of the stream a handle names, asked of the driver, without its id (a capturing
+ * stream has none for sop). */
+CUresult sop__stream_device_of(CUstream stream, CUdevice *device);
 /* The record of the stream with this id, which stream names in the current call; made on
  * first sight. It stays readable while the caller is pinned (epoch.c); with hold, until
  * sop__stream_release too. CUDA_ERROR_OUT_OF_MEMORY without host memory, or the driver's code. */

@@ -47,23 +47,37 @@
 
 /* ---- Identity ----------------------------------------------------------------------------- */
 
-CUresult
-sop__stream_id(CUstream stream, uint64_t *id)
+/* A handle the driver refused: a special handle names a stream of the current context, so say
+ * when there is none. */
+static CUresult
+stream_refused(CUstream stream, CUresult r)
 {
-	unsigned long long v = 0;
-	CUresult r = SOP_DRV(cuStreamGetId)(stream, &v);
-
-	if (SOP_LIKELY(r == CUDA_SUCCESS)) {
-		*id = v;
-		return CUDA_SUCCESS;
-	}
-	/* A special handle names a stream of the current context: say so when there is none. */
 	if (sop__stream_special(stream)) {
 		CUcontext cur = NULL;
 		if (SOP_DRV(cuCtxGetCurrent)(&cur) == CUDA_SUCCESS && !cur)
 			return CUDA_ERROR_INVALID_CONTEXT;
 	}
 	return r;
+}
+
+static CUresult stream_capture_check(CUstream stream);
+
+CUresult
+sop__stream_id(CUstream stream, uint64_t *id)
+{
+	unsigned long long v = 0;
+	CUresult r;
+
+	/* The driver refuses cuStreamGetId on a capturing stream, and the refusal invalidates the
+	 * capture, relaxed mode or not: where a capture may be in flight, ask first. */
+	if (sop__capture_possible() && (r = stream_capture_check(stream)) != CUDA_SUCCESS)
+		return r;
+	r = SOP_DRV(cuStreamGetId)(stream, &v);
+	if (SOP_LIKELY(r == CUDA_SUCCESS)) {
+		*id = v;
+		return CUDA_SUCCESS;
+	}
+	return stream_refused(stream, r);
 }
 
 /* ---- Capture -------------------------------------------------------------------------------- */
@@ -115,6 +129,33 @@ sop__stream_capturing(CUstream stream, bool *capturing)
 	if (SOP_UNLIKELY(*capturing) && !atomic_load_explicit(&captures_seen, memory_order_relaxed))
 		atomic_store(&captures_seen, true);
 	return CUDA_SUCCESS;
+}
+
+/* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED if the stream captures, CUDA_SUCCESS if it does not. */
+static CUresult
+stream_capture_check(CUstream stream)
+{
+	bool capturing;
+	CUresult r = sop__stream_capturing(stream, &capturing);
+
+	if (r != CUDA_SUCCESS)
+		return stream_refused(stream, r);
+	return capturing ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+CUresult
+sop__stream_device_of(CUstream stream, CUdevice *device)
+{
+	CUcontext ctx = NULL, popped;
+	CUresult r = SOP_DRV(cuStreamGetCtx)(stream, &ctx);
+
+	if (r == CUDA_SUCCESS)
+		r = SOP_DRV(cuCtxPushCurrent)(ctx);
+	if (r != CUDA_SUCCESS)
+		return stream_refused(stream, r);
+	r = SOP_DRV(cuCtxGetDevice)(device);
+	SOP_DRV(cuCtxPopCurrent)(&popped);
+	return r;
 }
 
 CUresult
@@ -496,14 +537,11 @@ probe_record(struct sop__stream *st, CUstream handle)
 {
 	struct sop__probe *p = &st->probe[st->next_probe];
 	CUcontext popped;
-	bool capturing;
 	CUresult r;
 
-	/* In a capture the record would be a node of the graph, and the event one that cannot be
-	 * queried. */
-	r = sop__stream_capturing(handle, &capturing);
-	if (r != CUDA_SUCCESS || capturing)
-		return r != CUDA_SUCCESS ? r : CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	/* Never in a capture, where the record would be a node of the graph and the event one that
+	 * cannot be queried: the handle was checked in this call (sop__stream_id), which finds a
+	 * capturing stream wherever one may be. */
 	if (!p->ev) {
 		r = SOP_DRV(cuCtxPushCurrent)(st->ctx);
 		if (r != CUDA_SUCCESS)

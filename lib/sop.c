@@ -363,17 +363,19 @@ sop_device_get_memory_limit(size_t *limit, size_t *held, CUdevice device)
  * anything it could hand out now. The pool's device must be the stream's, where the driver's
  * graph memory comes from. Pinned. */
 static CUresult
-malloc_graph(void **ptr, size_t size, struct sop_pool *pool, CUstream stream, uint64_t id)
+malloc_graph(void **ptr, size_t size, struct sop_pool *pool, CUstream stream)
 {
 	CUdeviceptr d;
 	CUdevice device;
 	CUresult r;
 
-	r = sop__stream_device(stream, id, &device);
-	if (r != CUDA_SUCCESS)
-		return r;
-	if (device != pool->device)
-		return CUDA_ERROR_NOT_SUPPORTED;
+	if (pool) {
+		r = sop__stream_device_of(stream, &device);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (device != pool->device)
+			return CUDA_ERROR_NOT_SUPPORTED;
+	}
 	r = SOP_DRV(cuMemAllocAsync)(&d, size, stream);
 	if (r == CUDA_SUCCESS)
 		*ptr = (void *)(uintptr_t)d;
@@ -385,7 +387,6 @@ malloc_graph(void **ptr, size_t size, struct sop_pool *pool, CUstream stream, ui
 static CUresult
 malloc_from(void **ptr, size_t size, struct sop_pool *pool, CUstream stream, uint64_t id)
 {
-	bool capturing;
 	void *p;
 	CUresult r;
 
@@ -396,12 +397,8 @@ malloc_from(void **ptr, size_t size, struct sop_pool *pool, CUstream stream, uin
 		return CUDA_SUCCESS;
 	}
 	if (!id && (r = sop__stream_id(stream, &id)) != CUDA_SUCCESS)
-		return r;
-	r = sop__stream_capturing(stream, &capturing);
-	if (r != CUDA_SUCCESS)
-		return r;
-	if (SOP_UNLIKELY(capturing))
-		return malloc_graph(ptr, size, pool, stream, id);
+		return r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED ? malloc_graph(ptr, size, pool, stream)
+								   : r;
 	r = sop__alloc(pool, stream, id, size, &p);
 	/* At the device's memory limit, every pool of the device gives back its idle memory, here
 	 * where no pool lock is held, and the request is tried once more. */
@@ -448,6 +445,8 @@ sop_malloc_async(void **ptr, size_t size, CUstream stream)
 	if (!ptr)
 		return CUDA_ERROR_INVALID_VALUE;
 	r = sop__stream_id(stream, &id);
+	if (r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) /* the driver's graph memory, on the stream's device */
+		return malloc_graph(ptr, size, NULL, stream);
 	if (r != CUDA_SUCCESS)
 		return r;
 	pin = sop__pin();

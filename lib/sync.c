@@ -104,7 +104,9 @@ sop__sync_stream(CUstream stream)
 
 	/* Held, not pinned, through the driver's synchronization (epoch.c: no pin waits). */
 	r = sop__stream_lookup(stream, true, &mark.st);
-	if (r == CUDA_ERROR_OUT_OF_MEMORY)
+	/* Without host memory, or on a capturing stream (the driver's answer, then), nothing to
+	 * learn. */
+	if (r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
 		return SOP_DRV(cuStreamSynchronize)(stream);
 	if (r != CUDA_SUCCESS)
 		return r;
