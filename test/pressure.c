@@ -12,7 +12,9 @@
  *   - in CI, on sop alone (simulated driver), checked step by step against a model of the
  *     driver's rules, below;
  *   - with --driver, on the driver's own pool and on a sop pool in the same process (on a GPU),
- *     compared step by step: sop must not fail a request the driver serves. The model is
+ *     compared step by step: sop must not fail a request the driver's rules guarantee (the
+ *     model's), nor reuse early. Beyond those, where the driver's answer depends on its own
+ *     placement and on timing, the steps that only one side served are counted. The model is
  *     checked there too, and where the driver fails a request the model says it must serve,
  *     the model is wrong: reported, so that its assumptions can be corrected.
  * Fixed programs (the regression cases) run first, then generated ones. A failure prints the
@@ -807,6 +809,8 @@ x_run(struct side *x, const struct program *p)
 
 static bool with_driver;
 static int n_programs_run, n_allocs, n_ooms, n_failed, n_model_wrong, n_straddles, n_internal;
+/* Steps that only one side served, where the driver's rules guarantee nothing. */
+static int n_only_driver, n_only_sop;
 
 static const char *
 answer(CUresult r)
@@ -836,11 +840,20 @@ judge(const struct program *p, uint64_t seed, int k)
 			continue;
 		n_allocs++;
 		n_ooms += sop_side.r[i] != CUDA_SUCCESS;
+		/* Where the driver's rules guarantee the request (the model's must), sop failing
+		 * it is a failure (sop_side.missed, below, on either kind of driver). Elsewhere the
+		 * driver's answer depends on what its placement left mapped and on timing (what its
+		 * opportunistic reuse saw complete), and so does sop's: once the two runs answer a
+		 * step differently they hold different blocks from then on. Those differences are
+		 * counted both ways, and printed with -v. */
 		if (with_driver && drv_side.r[i] == CUDA_SUCCESS && sop_side.r[i] != CUDA_SUCCESS) {
-			printf("%s: step %d: the driver serves the request, sop answers out of "
-			       "memory\n", what, i);
-			fail = true;
+			n_only_driver++;
+			if (verbose)
+				printf("%s: step %d: the driver serves the request (not guaranteed by "
+				       "its rules), sop answers out of memory\n", what, i);
 		}
+		if (with_driver && drv_side.r[i] != CUDA_SUCCESS && sop_side.r[i] == CUDA_SUCCESS)
+			n_only_sop++;
 		if (with_driver && drv_side.must[i] && drv_side.r[i] != CUDA_SUCCESS) {
 			printf("%s: step %d: the model says the driver serves it, the driver "
 			       "answers out of memory: the model is wrong\n", what, i);
@@ -952,6 +965,8 @@ main(int argc, char **argv)
 	       n_programs_run, n_allocs, n_ooms, n_internal, n_straddles, n_failed,
 	       with_driver ? "" : "\n");
 	if (with_driver)
-		printf(", the model wrong in %d\n", n_model_wrong);
+		printf(", the model wrong in %d; beyond what the driver's rules guarantee, only the "
+		       "driver served %d requests, only sop %d\n",
+		       n_model_wrong, n_only_driver, n_only_sop);
 	return n_failed ? 1 : 0;
 }
