@@ -37,6 +37,36 @@ if which == "torch":
         y = torch.ones(1 << 20, device="cuda") * 2
     s.synchronize()
     print("torch: side stream sum", y.sum().item(), "sop owns:", sop_owns(y.data_ptr()))
+elif which == "torch_train":
+    # A small GPT-style model trained with sequence lengths that change every step (the shapes
+    # real training gives an allocator), bf16 autocast, AdamW; torch.cuda.memory_stats() read as
+    # PyTorch's tools read it.
+    import torch
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    D, V = 256, 1024
+    layer = torch.nn.TransformerEncoderLayer(D, 4, 4 * D, batch_first=True, norm_first=True)
+    model = torch.nn.ModuleDict({"emb": torch.nn.Embedding(V, D), "enc": torch.nn.TransformerEncoder(layer, 2),
+                                 "head": torch.nn.Linear(D, V)}).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator(device="cpu").manual_seed(3)
+    losses = []
+    for step in range(20):
+        b = int(torch.randint(2, 9, (1,), generator=g))
+        t = int(torch.randint(16, 257, (1,), generator=g))
+        x = torch.randint(0, V, (b, t), generator=g).cuda()
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(t, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model["head"](model["enc"](model["emb"](x), mask=mask, is_causal=True))
+        loss = F.cross_entropy(out.float().view(-1, V), x.view(-1))
+        opt.zero_grad(); loss.backward(); opt.step()
+        losses.append(loss.item())
+    torch.cuda.synchronize()
+    st = torch.cuda.memory_stats()
+    stats_ok = (st.get("reserved_bytes.all.peak", 0) >= st.get("allocated_bytes.all.peak", 1) > 0 and
+                torch.cuda.memory_reserved() > 0)
+    print("torch_train: loss first %.4f last %.4f sum %.4f" % (losses[0], losses[-1], sum(losses)),
+          "stats ok:", stats_ok, "sop owns weight:", sop_owns(model["head"].weight.data_ptr()))
 elif which == "torch_graph":
     # torch.cuda.graph with the cudaMallocAsync backend: memory made before the capture is sop's
     # under sop-run, what the capture allocates is the driver's graph memory, and the replays

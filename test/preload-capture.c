@@ -350,7 +350,7 @@ test_count(void)
 
 	/* A begin the driver refuses leaves no capture counted. */
 	EQ(cuStreamBeginCapture(CU_STREAM_LEGACY, CU_STREAM_CAPTURE_MODE_GLOBAL),
-	   CUDA_ERROR_INVALID_VALUE);
+	   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
 	gate_closed(s2);
 	if (sim) {
 		EQ(cuStreamBeginCaptureToGraph(s1, NULL, NULL, NULL, 0,

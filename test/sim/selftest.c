@@ -1537,7 +1537,7 @@ static void test_capture_graphs(void)
 	/* Outside a capture, libsopsim has no pools. */
 	CHECK_RC(drv.cuMemAllocAsync(&d, 4096, s), CUDA_ERROR_NOT_SUPPORTED);
 	CHECK_RC(drv.cuStreamBeginCapture(CU_STREAM_LEGACY, CU_STREAM_CAPTURE_MODE_GLOBAL),
-		 CUDA_ERROR_INVALID_VALUE);
+		 CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
 	OK(drv.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
 	CHECK_RC(drv.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_ERROR_ILLEGAL_STATE);
 	OK(drv.cuStreamIsCapturing(s, &st));

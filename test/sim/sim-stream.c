@@ -1708,8 +1708,11 @@ SIM_EXPORT CUresult CUDAAPI cuStreamBeginCapture(CUstream handle, CUstreamCaptur
 	CUresult rc;
 
 	SIM_ENTER(cuStreamBeginCapture);
-	if ((unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED || handle == CU_STREAM_LEGACY)
+	if ((unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED)
 		return CUDA_ERROR_INVALID_VALUE;
+	/* The legacy stream by its special handle: what the driver of 580 answers. */
+	if (handle == CU_STREAM_LEGACY)
+		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 	rc = stream_get(handle, &s);
 	if (rc != CUDA_SUCCESS)
 		return rc;
