@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# bench/clients/run.sh [OUTDIR] [--reps N] [--quick]: real programs under each allocator they
-# offer, sop (through sop-run) beside the others, in one run on one GPU:
+# bench/clients/run.sh [OUTDIR] [--reps N] [--quick] [--only LIST] [--append]: real programs under
+# each allocator they offer, sop (through sop-run) beside the others, in one run on one GPU:
 #   PyTorch  torch_gpt.py     native caching allocator | backend:cudaMallocAsync on the driver's
 #                             pool | the same under sop-run
 #   CuPy     cupy_streams.py  MemoryPool | MemoryAsyncPool | MemoryAsyncPool under sop-run | none
@@ -9,15 +9,19 @@
 # Each mode runs --reps times (default 3), a fresh process each, in turn (mode A, B, C, A, B,
 # C, ...), so that drift hits every mode alike; report.py takes medians and writes summary.md
 # and clients.png. A framework that is not installed is left out; without a GPU this exits 77.
+# --only torch,cupy,jax,passthrough runs those alone; --append adds to OUTDIR's runs rather than
+# starting afresh (a long run in parts, each within a time limit).
 set -u
 cd "$(dirname "$0")/../.."
 out=bench/results/$(date -u +%Y-%m-%d)-clients
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then out=$1; shift; fi
-reps=3 quick=0
+reps=3 quick=0 only=torch,cupy,jax,passthrough append=0
 while [ $# -gt 0 ]; do
 	case $1 in
 	--reps) reps=$2; shift ;;
 	--quick) quick=1 ;;
+	--only) only=$2; shift ;;
+	--append) append=1 ;;
 	*) echo "unknown option $1" >&2; exit 2 ;;
 	esac
 	shift
@@ -29,14 +33,16 @@ ninja -C "$build" >/dev/null || exit 1
 run=$build/sop-run
 mkdir -p "$out"
 res=$out/clients.jsonl
-: >"$res"
-{
-	echo "commit: $(git describe --always --dirty 2>/dev/null || echo unknown)"
-	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
-	python3 -c 'import torch; print("torch", torch.__version__)' 2>/dev/null
-	python3 -c 'import cupy; print("cupy", cupy.__version__)' 2>/dev/null
-	python3 -c 'import jax; print("jax", jax.__version__)' 2>/dev/null
-} >"$out/machine.txt"
+if [ $append = 0 ]; then
+	: >"$res"
+	{
+		echo "commit: $(git describe --always --dirty 2>/dev/null || echo unknown)"
+		nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+		python3 -c 'import torch; print("torch", torch.__version__)' 2>/dev/null
+		python3 -c 'import cupy; print("cupy", cupy.__version__)' 2>/dev/null
+		python3 -c 'import jax; print("jax", jax.__version__)' 2>/dev/null
+	} >"$out/machine.txt"
+fi
 
 steps=80 citers=3000 jiters=400
 [ $quick = 1 ] && steps=30 citers=600 jiters=100
@@ -55,25 +61,29 @@ one() {
 	fi
 }
 
+want() { case ",$only," in *",$1,"*) return 0 ;; esac; return 1; }
+
 py=bench/clients
 for rep in $(seq 1 "$reps"); do
-	if python3 -c 'import torch' 2>/dev/null; then
+	if want torch && python3 -c 'import torch' 2>/dev/null; then
 		one torch-native "$rep" python3 $py/torch_gpt.py --steps $steps
 		one torch-driver "$rep" env PYTORCH_ALLOC_CONF=backend:cudaMallocAsync python3 $py/torch_gpt.py --steps $steps
 		one torch-sop "$rep" env PYTORCH_ALLOC_CONF=backend:cudaMallocAsync "$run" python3 $py/torch_gpt.py --steps $steps
 	fi
-	if python3 -c 'import cupy' 2>/dev/null; then
+	if want cupy && python3 -c 'import cupy' 2>/dev/null; then
 		one cupy-default "$rep" python3 $py/cupy_streams.py --pool default --iters $citers
 		one cupy-driver "$rep" python3 $py/cupy_streams.py --pool async --iters $citers
 		one cupy-sop "$rep" "$run" python3 $py/cupy_streams.py --pool async --iters $citers
 		one cupy-none "$rep" python3 $py/cupy_streams.py --pool none --iters $citers
 	fi
-	if python3 -c 'import jax' 2>/dev/null; then
+	if want jax && python3 -c 'import jax' 2>/dev/null; then
 		one jax-bfc "$rep" env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 $py/jax_matmul.py --iters $jiters
 		one jax-driver "$rep" env XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async XLA_PYTHON_CLIENT_PREALLOCATE=false python3 $py/jax_matmul.py --iters $jiters
 		one jax-sop "$rep" env XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async XLA_PYTHON_CLIENT_PREALLOCATE=false "$run" python3 $py/jax_matmul.py --iters $jiters
 	fi
-	one passthrough-driver "$rep" "$build/bench/sop-passthrough"
-	one passthrough-sop "$rep" "$run" "$build/bench/sop-passthrough"
+	if want passthrough; then
+		one passthrough-driver "$rep" "$build/bench/sop-passthrough"
+		one passthrough-sop "$rep" "$run" "$build/bench/sop-passthrough"
+	fi
 done
 python3 $py/report.py "$out"
