@@ -72,6 +72,9 @@ th_init(void)
 	TH_LOAD(dl, sim_calls);
 	TH_LOAD(dl, sim_live_get);
 	TH_LOAD(dl, sim_handles_recycle);
+	TH_LOAD(dl, sim_fail_rate);
+	TH_LOAD(dl, sim_fail_seed);
+	TH_LOAD(dl, sim_fails);
 	th_is_sim = th.sim_fail != NULL;
 	th_n_devices = sop__device_count();
 	TH_OK(sop__drv.cuDevicePrimaryCtxRetain(&ctx, 0));

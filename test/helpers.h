@@ -87,6 +87,9 @@ struct th_driver {
 	__typeof__(sim_calls) *sim_calls;
 	__typeof__(sim_live_get) *sim_live_get;
 	__typeof__(sim_handles_recycle) *sim_handles_recycle;
+	__typeof__(sim_fail_rate) *sim_fail_rate;
+	__typeof__(sim_fail_seed) *sim_fail_seed;
+	__typeof__(sim_fails) *sim_fails;
 };
 
 extern struct th_driver th;

@@ -70,7 +70,7 @@
 	X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuMemAllocAsync) \
 	X(cuMemFreeAsync) \
 	X(sim_fail) X(sim_fail_clear) X(sim_calls) X(sim_counts_reset) X(sim_live_get) \
-	X(sim_handles_recycle)
+	X(sim_handles_recycle) X(sim_fail_rate) X(sim_fail_seed) X(sim_fails)
 
 #define DRV_MEMBER(name) __typeof__(&name) name;
 static struct {
@@ -632,6 +632,39 @@ static void test_fault_injection(void)
 	CHECK(drv.sim_calls("cuNoSuchEntryPoint") == 0);
 	drv.sim_counts_reset();
 	CHECK(drv.sim_calls("cuMemRelease") == 0);
+
+	/* Faults at a rate: all, none, about the share asked, the same again for a seed. */
+	{
+		unsigned long before = drv.sim_fails("cuMemCreate"), hits[2] = {0, 0};
+
+		drv.sim_fail_rate("cuMemCreate", 1.0, CUDA_ERROR_OUT_OF_MEMORY);
+		for (int i = 0; i < 10; i++)
+			CHECK_RC(drv.cuMemCreate(&h3, gran, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+		CHECK(drv.sim_fails("cuMemCreate") == before + 10);
+		drv.sim_live_get(&live);
+		CHECK(live.handles == 0);
+		for (int round = 0; round < 2; round++) {
+			drv.sim_fail_seed(7);
+			drv.sim_fail_rate("cuMemGetAllocationGranularity", 0.25, CUDA_ERROR_UNKNOWN);
+			for (int i = 0; i < 4000; i++) {
+				size_t g;
+				CUresult rc = drv.cuMemGetAllocationGranularity(
+					&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+				CHECK(rc == CUDA_SUCCESS || rc == CUDA_ERROR_UNKNOWN);
+				hits[round] += rc != CUDA_SUCCESS;
+			}
+		}
+		CHECK(hits[0] == hits[1] && hits[0] > 800 && hits[0] < 1200);
+		drv.sim_fail_rate("cuMemCreate", 0.0, CUDA_SUCCESS);
+		OK(drv.cuMemCreate(&h3, gran, &prop, 0));
+		OK(drv.cuMemRelease(h3));
+		drv.sim_fail_clear();
+		for (int i = 0; i < 100; i++) {
+			size_t g;
+			OK(drv.cuMemGetAllocationGranularity(&g, &prop,
+							     CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+		}
+	}
 	check_no_leaks();
 }
 

@@ -178,9 +178,37 @@ static CUresult apply_rules(enum sim_entry e)
 	return rc;
 }
 
+/*
+ * Faults at a rate (sim_fail_rate): per entry point, the chance that a call
+ * fails, in 2^-32 units, and its code; read without a lock on every call.
+ * Calls draw from one sequence, so that a single thread's run is the same
+ * every time for the same seed.
+ */
+static atomic_uint fail_rate[SIM_E_COUNT];
+static atomic_int fail_rate_code[SIM_E_COUNT];
+static atomic_ullong fail_draws;
+/* Calls failed by a rule of either kind, per entry point (sim_fails). */
+static atomic_ulong fails[SIM_E_COUNT];
+
+static bool rate_fires(enum sim_entry e)
+{
+	unsigned rate = atomic_load_explicit(&fail_rate[e], memory_order_relaxed);
+	uint64_t x;
+
+	if (!rate)
+		return false;
+	/* splitmix64 of a shared counter: uniform, and cheap to share between threads. */
+	x = atomic_fetch_add_explicit(&fail_draws, 0x9E3779B97F4A7C15ull, memory_order_relaxed);
+	x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+	x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+	x ^= x >> 31;
+	return (uint32_t)x < rate;
+}
+
 CUresult sim_enter(enum sim_entry e, bool need_init)
 {
 	struct sim_thread *t = sim_thread(true);
+	CUresult rc = CUDA_SUCCESS;
 
 	atomic_fetch_add_explicit(&t->calls[e], 1, memory_order_relaxed);
 	/* The driver documents that host functions must not call CUDA. */
@@ -189,8 +217,12 @@ CUresult sim_enter(enum sim_entry e, bool need_init)
 	if (need_init && !atomic_load_explicit(&initialized, memory_order_acquire))
 		return CUDA_ERROR_NOT_INITIALIZED;
 	if (atomic_load_explicit(&nrules, memory_order_relaxed))
-		return apply_rules(e);
-	return CUDA_SUCCESS;
+		rc = apply_rules(e);
+	if (rc == CUDA_SUCCESS && rate_fires(e))
+		rc = (CUresult)atomic_load_explicit(&fail_rate_code[e], memory_order_relaxed);
+	if (rc != CUDA_SUCCESS)
+		atomic_fetch_add_explicit(&fails[e], 1, memory_order_relaxed);
+	return rc;
 }
 
 static void add_rule(int entry, unsigned long nth, CUresult code)
@@ -247,6 +279,33 @@ SIM_EXPORT void sim_fail(const char *entry, unsigned long nth, CUresult code)
 SIM_EXPORT void sim_fail_clear(void)
 {
 	remove_rules(-1);
+	for (int e = 0; e < SIM_E_COUNT; e++)
+		atomic_store(&fail_rate[e], 0);
+}
+
+SIM_EXPORT void sim_fail_rate(const char *entry, double rate, CUresult code)
+{
+	int e = entry_by_name(entry);
+
+	if (e < 0)
+		sim_die("sim: sim_fail_rate: no entry point named '%s'", entry ? entry : "(null)");
+	if (!(rate >= 0.0 && rate <= 1.0))
+		sim_die("sim: sim_fail_rate: rate %g for %s is not in [0, 1]", rate, entry);
+	/* The code first: a call that sees the new rate must not fail with the old code. */
+	atomic_store(&fail_rate_code[e], (int)code);
+	atomic_store(&fail_rate[e], rate >= 1.0 ? UINT32_MAX : (unsigned)(rate * 4294967296.0));
+}
+
+SIM_EXPORT void sim_fail_seed(unsigned long long seed)
+{
+	atomic_store(&fail_draws, seed * 0x9E3779B97F4A7C15ull);
+}
+
+SIM_EXPORT unsigned long sim_fails(const char *entry)
+{
+	int e = entry_by_name(entry);
+
+	return e < 0 ? 0 : atomic_load(&fails[e]);
 }
 
 SIM_EXPORT unsigned long sim_calls(const char *entry)

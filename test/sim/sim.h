@@ -26,8 +26,22 @@ extern "C" {
  */
 void sim_fail(const char *entry, unsigned long nth, CUresult code);
 
-/* Remove every fault rule. */
+/* Remove every fault rule, those of sim_fail_rate() too. */
 void sim_fail_clear(void);
+
+/*
+ * Fail each future call of `entry` with probability `rate` (0 to 1), with
+ * `code`, until changed (rate 0 stops it) or sim_fail_clear(); a failed call
+ * does nothing else. For soaks: the draws come from one sequence, which
+ * sim_fail_seed() starts, so that a run on one thread can be repeated. A
+ * rule of sim_fail() that fires on the same call wins. An unknown entry name
+ * or a rate outside [0, 1] aborts the process.
+ */
+void sim_fail_rate(const char *entry, double rate, CUresult code);
+void sim_fail_seed(unsigned long long seed);
+
+/* Number of calls of `entry` failed by a rule of either kind since start. */
+unsigned long sim_fails(const char *entry);
 
 /*
  * Number of calls of `entry` since start or the last sim_counts_reset().
