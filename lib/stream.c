@@ -13,10 +13,12 @@
  * (order.c says why a handle is no identity), and a thread finds the pool's state for that
  * stream through a small thread-local cache keyed by (pool, handle, id). A free does not ask,
  * when the thread's cache holds a state for (pool, handle) and the block was allocated on that
- * state's stream: if the handle named another stream now, that stream would have been destroyed,
- * and the block then waits in a cache that no live stream can reach (only a synchronization of
- * the context, or the destroyed stream's own probes, make it reusable): memory held late, never
- * early. Every other free asks, as an allocation does.
+ * state's stream of a primary context: if the handle named another stream now, that stream would
+ * have been destroyed, and the block then waits in a cache that no live stream can reach (only a
+ * synchronization of the context, or the destroyed stream's own probes, make it reusable):
+ * memory held late, never early. A stream of a context the program created has no probes, and
+ * its context may be gone (cuCtxDestroy) where nothing can synchronize it again: a free there
+ * always asks. Every other free asks, as an allocation does.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -202,7 +204,11 @@ sstream_get_free(struct sop_pool *pool, CUstream stream, const struct sop__block
 		if (e->handle == stream && e->pool == pool->handle && e->ref.ss &&
 		    e->gen == states_gen(pool) &&
 		    e->ref.ss == __atomic_load_n(&b->alloc_ss, __ATOMIC_RELAXED) &&
-		    !atomic_load_explicit(&e->ref.ss->gone, memory_order_relaxed)) {
+		    !atomic_load_explicit(&e->ref.ss->gone, memory_order_relaxed) &&
+		    /* Only where a later synchronization can still release the block: a stream of
+		     * a context the program created may be gone with its context, which nothing
+		     * can synchronize again, and the block would be held for good. */
+		    e->ref.ss->st->probes_ok) {
 			*out = e->ref;
 			*checked = false;
 			return CUDA_SUCCESS;
