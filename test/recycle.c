@@ -325,6 +325,40 @@ created_contexts(cuuint64_t threshold)
 	pool_done(pool);
 }
 
+/* A block allocated on a stream of a context the program created, that context destroyed (its
+ * streams with it), and the block freed on a new stream that the driver gave the dead stream's
+ * handle. Once that free is complete, the memory is the pool's to give back: the free belongs to
+ * the new stream, and nothing can ever synchronize the dead one (its context is gone, and sop
+ * records no probes there). Found by test-fuzz: the free was taken for one on the dead stream,
+ * and the memory, and the pool holding it, stayed forever. */
+static void
+stream_of_destroyed_context(cuuint64_t threshold)
+{
+	sop_pool_t pool = pool_with(threshold);
+	CUstream s, s2;
+	CUcontext c, popped;
+	void *a;
+
+	if (!th.cuCtxCreate)
+		return;
+	TH_OK(th.cuCtxCreate(&c, NULL, 0, 0)); /* current now */
+	s = th_stream();
+	TH_OK(th.cuCtxPopCurrent(&popped));
+	TH_OK(sop_malloc_from_pool_async(&a, N, pool, s));
+	th_fill(a, N, PAT_A, s);
+	TH_OK(sop_stream_synchronize(s));
+	TH_OK(th.cuCtxDestroy(c));
+	s2 = th_stream();
+	reused += s2 == s;
+	tries++;
+	TH_OK(sop_free_async(a, s2));
+	TH_OK(sop_stream_synchronize(s2));
+	TH_OK(sop_trim_to(pool, 0));
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+	th_stream_destroy(s2);
+	pool_done(pool);
+}
+
 int
 main(void)
 {
@@ -349,6 +383,8 @@ main(void)
 		special_per_context(thresholds[i]);
 		printf("recycle: created contexts\n");
 		created_contexts(thresholds[i]);
+		printf("recycle: stream of a destroyed context\n");
+		stream_of_destroyed_context(thresholds[i]);
 	}
 	TH_OK(sop_ctx_synchronize());
 	TH_CHECK(snaps);
