@@ -355,7 +355,9 @@ op_pool_create(struct fuzzer *f)
 		props.maxSize = (size_t)(1 + pick_n(f, 64)) * MiB;
 		break;
 	default:
-		props.maxSize = (size_t)1 << (30 + pick_n(f, 34)); /* a cap above any device */
+		/* A cap above any device, up to one that overflows when rounded up. */
+		props.maxSize = pick_n(f, 4) ? (size_t)1 << (30 + pick_n(f, 34))
+					     : SIZE_MAX - pick_n(f, 4 * (unsigned)MiB);
 		break;
 	}
 	if (pick_n(f, 4) == 0)
@@ -403,6 +405,14 @@ op_pool_create(struct fuzzer *f)
 		EXPECT(f, r != CUDA_SUCCESS, "bad props (%d) accepted", bad);
 		EXPECT(f, r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED,
 		       "bad props (%d) gave %d", bad, (int)r);
+		EXPECT(f, h == (sop_pool_t)(uintptr_t)0x5a5a, "out-parameter written");
+		return;
+	}
+	if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+		/* A cap above the device's memory reserves addresses for it, up to 2 TiB, which a
+		 * process may not have (ThreadSanitizer keeps most of them). */
+		EXPECT(f, props.maxSize > (size_t)1 << 30, "out of memory for a pool of %zu",
+		       props.maxSize);
 		EXPECT(f, h == (sop_pool_t)(uintptr_t)0x5a5a, "out-parameter written");
 		return;
 	}

@@ -70,10 +70,12 @@ struct worker {
 	struct block slot[SLOTS];
 	uint64_t rng;
 	atomic_ulong progress;
-	const char *doing; /* for the watchdog's message */
+	_Atomic(const char *) doing; /* for the watchdog's message */
 };
 
 static struct worker *workers;
+
+#define DOING(w, what) atomic_store_explicit(&(w)->doing, (what), memory_order_relaxed)
 
 static uint64_t
 rnd(uint64_t *s)
@@ -168,7 +170,7 @@ op_alloc(struct worker *w, struct block *b)
 	void *p = (void *)0x1;
 	CUresult r;
 
-	w->doing = "sop_malloc_from_pool_async";
+	DOING(w, "sop_malloc_from_pool_async");
 	bytes &= ~(size_t)3;
 	b->pool = (int)(rnd(&w->rng) % N_POOLS);
 	b->stream = (int)(rnd(&w->rng) % 2);
@@ -193,18 +195,18 @@ order_after(struct worker *w, CUstream from, CUstream to)
 	CUresult r;
 
 	TH_OK(th.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
-	w->doing = "sop_event_record";
+	DOING(w, "sop_event_record");
 	r = clean(sop_event_record(ev, from), "sop_event_record", w->tid);
 	if (r == CUDA_SUCCESS) {
-		w->doing = "sop_stream_wait_event";
+		DOING(w, "sop_stream_wait_event");
 		r = clean(sop_stream_wait_event(to, ev, 0), "sop_stream_wait_event", w->tid);
 	}
 	if (r != CUDA_SUCCESS) {
 		atomic_fetch_add(&n_fallback, 1);
-		w->doing = "sop_stream_synchronize (fallback)";
+		DOING(w, "sop_stream_synchronize (fallback)");
 		TH_OK(clean(sop_stream_synchronize(from), "sop_stream_synchronize", w->tid));
 	}
-	w->doing = "sop_event_destroy";
+	DOING(w, "sop_event_destroy");
 	if (rnd(&w->rng) % 2)
 		TH_OK(sop_event_destroy(ev));
 	else
@@ -222,7 +224,7 @@ op_free(struct worker *w, struct block *b, bool same)
 		order_after(w, s, other);
 		s = other;
 	}
-	w->doing = "sop_free_async";
+	DOING(w, "sop_free_async");
 	r = clean(sop_free_async(b->p, s), "sop_free_async", w->tid);
 	if (r != CUDA_SUCCESS) {
 		/* Still allocated: freed again later (the tag check has run by then). */
@@ -249,7 +251,7 @@ op_replace(struct worker *w, int which)
 		while (b->p && b->stream == which)
 			op_free(w, b, true);
 	}
-	w->doing = "stream destroy";
+	DOING(w, "stream destroy");
 	if (rnd(&w->rng) % 2)
 		TH_OK(sop_stream_destroy(old));
 	else
@@ -267,16 +269,16 @@ op_misc(struct worker *w)
 	if (r < 4) {
 		op_replace(w, (int)(r % 2));
 	} else if (r < 12) {
-		w->doing = "sop_stream_synchronize";
+		DOING(w, "sop_stream_synchronize");
 		TH_OK(clean(sop_stream_synchronize(w->s[r % 2]), "sop_stream_synchronize", w->tid));
 		atomic_fetch_add(&n_syncs, 1);
 	} else if (r < 13) {
-		w->doing = "sop_ctx_synchronize";
+		DOING(w, "sop_ctx_synchronize");
 		TH_OK(clean(sop_ctx_synchronize(), "sop_ctx_synchronize", w->tid));
 		atomic_fetch_add(&n_syncs, 1);
 	} else if (r < 24) {
 		/* Often, so that the pools grow again often, through the calls that fail. */
-		w->doing = "sop_trim_to";
+		DOING(w, "sop_trim_to");
 		clean(sop_trim_to(pool, (size_t)(rnd(&w->rng) % 4) * 8 * MiB), "sop_trim_to",
 		      w->tid);
 	} else if (r < 26) {
@@ -288,7 +290,7 @@ op_misc(struct worker *w)
 		};
 		int on = (int)(rnd(&w->rng) % 2);
 		cuuint64_t t = rnd(&w->rng) % 4 == 0 ? UINT64_MAX : (rnd(&w->rng) % 4) * 8 * MiB;
-		w->doing = "sop_pool_set_attr";
+		DOING(w, "sop_pool_set_attr");
 		TH_OK(sop_pool_set_attr(pool, attrs[rnd(&w->rng) % 3], &on));
 		TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t));
 	}
@@ -297,7 +299,7 @@ op_misc(struct worker *w)
 static void
 park(struct worker *w)
 {
-	w->doing = "parked at a checkpoint";
+	DOING(w, "parked at a checkpoint");
 	pthread_mutex_lock(&cp_lock);
 	{
 		unsigned long round = cp_round;
@@ -332,12 +334,12 @@ worker_fn(void *arg)
 			atomic_fetch_add_explicit(&w->progress, 1, memory_order_relaxed);
 		}
 	}
-	w->doing = "cleaning up";
+	DOING(w, "cleaning up");
 	for (k = 0; k < SLOTS; k++)
 		while (w->slot[k].p)
 			op_free(w, &w->slot[k], true);
 	atomic_fetch_add(&n_ops, ops);
-	w->doing = "done";
+	DOING(w, "done");
 	return NULL;
 }
 
@@ -361,7 +363,7 @@ stalled(const char *where)
 
 	fprintf(stderr, "soak: no progress for %.0f s %s: a deadlock?\n", watchdog_s, where);
 	for (i = 0; i < n_threads; i++)
-		fprintf(stderr, "  thread %d: %s\n", i, workers[i].doing);
+		fprintf(stderr, "  thread %d: %s\n", i, atomic_load(&workers[i].doing));
 	exit(1);
 }
 
@@ -436,7 +438,7 @@ run_workers(void)
 			int done = 0;
 			struct timespec nap = {0, 50000000};
 			for (i = 0; i < n_threads; i++)
-				done += workers[i].doing && !strcmp(workers[i].doing, "done");
+				done += !strcmp(atomic_load(&workers[i].doing), "done");
 			if (done == n_threads)
 				break;
 			if (now_s() - t0 > watchdog_s)
@@ -510,7 +512,7 @@ main(int argc, char **argv)
 		workers[i].tid = i;
 		workers[i].rng =
 			(seed0 + 1) * 0x9E3779B97F4A7C15u ^ (uint64_t)(i + 1) * 0xBF58476D1CE4E5B9u;
-		workers[i].doing = "starting";
+		DOING(&workers[i], "starting");
 	}
 	th.sim_fail_seed(seed0);
 	for (i = 0; i < (int)N_FAULTY; i++)
