@@ -372,10 +372,12 @@ op_pool_create(struct fuzzer *f)
 						   : (CUmemLocationType)(99 + pick_n(f, 1000));
 		break;
 	case 3:
-		props.location.id = pick_n(f, 2) ? -1 - (int)pick_n(f, 100) : n_devices + (int)pick_n(f, 100);
+		props.location.id =
+			pick_n(f, 2) ? -1 - (int)pick_n(f, 100) : n_devices + (int)pick_n(f, 100);
 		break;
 	case 4:
-		props.reserved[pick_n(f, sizeof props.reserved)] = (unsigned char)(1 + pick_n(f, 255));
+		props.reserved[pick_n(f, sizeof props.reserved)] =
+			(unsigned char)(1 + pick_n(f, 255));
 		break;
 	case 5:
 		props.handleTypes = (CUmemAllocationHandleType)(1u << (4 + pick_n(f, 20)));
@@ -610,7 +612,8 @@ op_attr(struct fuzzer *f)
 			  CUDA_ERROR_INVALID_VALUE);
 		EXPECT(f, largest == 1 && total == 2, "out-parameter written");
 		EXPECT_RC(f, sop_pool_get_free_extents(p->h, &largest, &total), CUDA_SUCCESS);
-		EXPECT_RC(f, sop_pool_get_attr(p->h, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
+		EXPECT_RC(f,
+			  sop_pool_get_attr(p->h, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
 			  CUDA_SUCCESS);
 		EXPECT(f, largest <= total && total <= reserved,
 		       "free extents: largest %zu, total %zu, reserved %llu", largest, total,
@@ -675,7 +678,8 @@ op_access(struct fuzzer *f)
 			e = CUDA_ERROR_INVALID_VALUE;
 			break;
 		default:
-			if (d[i].location.id == p->dev && d[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE)
+			if (d[i].location.id == p->dev &&
+			    d[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE)
 				e = CUDA_ERROR_INVALID_DEVICE;
 		}
 		if (want == CUDA_SUCCESS)
@@ -1059,8 +1063,8 @@ op_stream(struct fuzzer *f)
 			{
 				unsigned long long id = 0;
 				TH_OK(sop__drv.cuStreamGetId(s->h, &id));
-				note(f, "new stream %p in context %d, id %llu", (void *)s->h, (int)k,
-				     id);
+				note(f, "new stream %p in context %d, id %llu", (void *)s->h,
+				     (int)k, id);
 			}
 			s->live = true;
 			s->ctx = k;
@@ -1240,7 +1244,8 @@ op_current(struct fuzzer *f)
 			if (!s.special) {
 				size_t size = 1 + pick_n(f, 100000);
 				r = sop_malloc_from_pool_async(&p, size, f->pools[slot].h, s.h);
-				note(f, "no context: alloc %zu on %p = %d", size, (void *)s.h, (int)r);
+				note(f, "no context: alloc %zu on %p = %d", size, (void *)s.h,
+				     (int)r);
 				if (r != CUDA_ERROR_OUT_OF_MEMORY) {
 					EXPECT_RC(f, r, CUDA_SUCCESS);
 					alloc_done(f, slot, p, size, (size_t)model_used(f, slot));
@@ -1367,11 +1372,12 @@ agree(struct fuzzer *f)
 		EXPECT(f, !line, "pool %p: check failed at check.c:%d", (void *)p->h, line);
 		if (p->state == P_LIVE) {
 			cuuint64_t used = 0, high = 0, reserved = 0;
-			EXPECT_RC(f, sop_pool_get_attr(p->h, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used),
+			EXPECT_RC(f,
+				  sop_pool_get_attr(p->h, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used),
 				  CUDA_SUCCESS);
-			EXPECT(f, used == model_used(f, k), "pool %p uses %llu bytes, the model %llu",
-			       (void *)p->h, (unsigned long long)used,
-			       (unsigned long long)model_used(f, k));
+			EXPECT(f, used == model_used(f, k),
+			       "pool %p uses %llu bytes, the model %llu", (void *)p->h,
+			       (unsigned long long)used, (unsigned long long)model_used(f, k));
 			EXPECT_RC(f, sop_pool_get_attr(p->h, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &high),
 				  CUDA_SUCCESS);
 			EXPECT(f, high >= used, "used high %llu below used %llu",
@@ -1380,8 +1386,9 @@ agree(struct fuzzer *f)
 				  sop_pool_get_attr(p->h, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
 						    &reserved),
 				  CUDA_SUCCESS);
-			EXPECT(f, !p->cap || reserved <= p->cap, "pool %p holds %llu over its cap %zu",
-			       (void *)p->h, (unsigned long long)reserved, p->cap);
+			EXPECT(f, !p->cap || reserved <= p->cap,
+			       "pool %p holds %llu over its cap %zu", (void *)p->h,
+			       (unsigned long long)reserved, p->cap);
 		}
 	}
 	if (f->n_stale) {
@@ -1404,17 +1411,21 @@ agree(struct fuzzer *f)
 				fprintf(stderr, "stream slot %d: %p live %d ctx %d\n", k,
 					(void *)f->streams[k].h, f->streams[k].live,
 					(int)f->streams[k].ctx);
-		EXPECT(f, l.streams == count_live_streams(f), "the driver has %ld streams, the fuzzer %d",
-		       l.streams, count_live_streams(f));
+		EXPECT(f, l.streams == count_live_streams(f),
+		       "the driver has %ld streams, the fuzzer %d", l.streams,
+		       count_live_streams(f));
 		EXPECT(f, l.contexts == (long)f->made, "the driver has %ld contexts", l.contexts);
 		EXPECT(f, l.events >= count_live_events(f) &&
 			   l.events <= count_live_events(f) + PROBES_MAX,
 		       "the driver has %ld events, the fuzzer %d", l.events, count_live_events(f));
 		pools_held(&reserved, &n_pools);
-		EXPECT(f, l.phys_bytes >= reserved && l.phys_bytes <= reserved + (size_t)n_pools * granularity,
-		       "the driver holds %zu bytes, %ld pools %zu", l.phys_bytes, n_pools, reserved);
-		EXPECT(f, l.reservations == n_pools, "the driver has %ld reservations, sop %ld pools",
-		       l.reservations, n_pools);
+		EXPECT(f,
+		       l.phys_bytes >= reserved &&
+			       l.phys_bytes <= reserved + (size_t)n_pools * granularity,
+		       "the driver holds %zu bytes, %ld pools %zu", l.phys_bytes, n_pools,
+		       reserved);
+		EXPECT(f, l.reservations == n_pools,
+		       "the driver has %ld reservations, sop %ld pools", l.reservations, n_pools);
 		EXPECT(f, l.mappings >= l.handles - n_pools && l.mappings <= l.handles + n_pools,
 		       "the driver has %ld mappings of %ld handles", l.mappings, l.handles);
 	}
@@ -1472,7 +1483,8 @@ dump_pools(void)
 			(long long)sop__pool_used(all[k], false));
 		for (ss = all[k]->streams; ss; ss = ss->next)
 			if (ss->cache.n_bytes)
-				fprintf(stderr, "  stream id %llu holds %zu bytes of pending frees%s\n",
+				fprintf(stderr,
+					"  stream id %llu holds %zu bytes of pending frees%s\n",
 					(unsigned long long)ss->id, ss->cache.n_bytes,
 					ss->gone ? " (stream gone)" : "");
 	}
@@ -1653,7 +1665,8 @@ main(int argc, char **argv)
 		end = th_live();
 		if (end.streams != base.streams || end.events > base.events + PROBES_MAX ||
 		    end.contexts != base.contexts || end.reservations != base.reservations ||
-		    end.handles > base.handles + n_devices || end.mappings > base.mappings + n_devices ||
+		    end.handles > base.handles + n_devices ||
+		    end.mappings > base.mappings + n_devices ||
 		    end.phys_bytes > base.phys_bytes + (size_t)n_devices * granularity ||
 		    end.primary_ctx_refs > base.primary_ctx_refs + n_devices) {
 			fprintf(stderr,

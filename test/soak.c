@@ -515,9 +515,10 @@ main(int argc, char **argv)
 		DOING(&workers[i], "starting");
 	}
 	th.sim_fail_seed(seed0);
+	/* cuMemCreate fails as a full device does; the others with a code of their own. */
 	for (i = 0; i < (int)N_FAULTY; i++)
 		th.sim_fail_rate(faulty[i], i < 3 ? mem_rate : rate,
-				 i == 0 ? CUDA_ERROR_OUT_OF_MEMORY : FAULT); /* cuMemCreate: as when full */
+				 i == 0 ? CUDA_ERROR_OUT_OF_MEMORY : FAULT);
 	run_workers();
 	th.sim_fail_clear();
 	for (i = 0; i < (int)N_FAULTY; i++) {
@@ -526,12 +527,12 @@ main(int argc, char **argv)
 		total_fails += fails[i];
 	}
 	TH_OK(sop_ctx_synchronize());
-	printf("soak: %d threads, %.0f s, seed %llu, fault rates %g and %g: %lu operations, %lu streams "
-	       "replaced busy, %lu synchronizations; the driver failed %lu calls (cuMemCreate %lu "
-	       "of %lu, cuMemMap %lu of %lu, cuMemSetAccess %lu of %lu, cuEventRecord %lu of %lu, "
-	       "cuStreamWaitEvent %lu of %lu); sop "
-	       "answered %lu out of memory and %lu with the driver's code, %lu orderings fell back "
-	       "to a synchronization; %lu tags overwritten\n",
+	printf("soak: %d threads, %.0f s, seed %llu, fault rates %g and %g: %lu operations, "
+	       "%lu streams replaced busy, %lu synchronizations; the driver failed %lu calls "
+	       "(cuMemCreate %lu of %lu, cuMemMap %lu of %lu, cuMemSetAccess %lu of %lu, "
+	       "cuEventRecord %lu of %lu, cuStreamWaitEvent %lu of %lu); sop answered %lu out of "
+	       "memory and %lu with the driver's code, %lu orderings fell back to a "
+	       "synchronization; %lu tags overwritten\n",
 	       n_threads, seconds, (unsigned long long)seed0, rate, mem_rate, atomic_load(&n_ops),
 	       atomic_load(&n_replaced), atomic_load(&n_syncs), total_fails, fails[0], calls[0],
 	       fails[1], calls[1], fails[2], calls[2], fails[3], calls[3], fails[4], calls[4],
@@ -564,10 +565,12 @@ main(int argc, char **argv)
 	    end.primary_ctx_refs > base.primary_ctx_refs + 1) {
 		fprintf(stderr,
 			"soak: driver objects leaked: streams %ld/%ld events %ld/%ld reservations "
-			"%ld/%ld handles %ld/%ld mappings %ld/%ld bytes %zu/%zu primary refs %ld/%ld\n",
+			"%ld/%ld handles %ld/%ld mappings %ld/%ld bytes %zu/%zu primary refs "
+			"%ld/%ld\n",
 			end.streams, base.streams, end.events, base.events, end.reservations,
 			base.reservations, end.handles, base.handles, end.mappings, base.mappings,
-			end.phys_bytes, base.phys_bytes, end.primary_ctx_refs, base.primary_ctx_refs);
+			end.phys_bytes, base.phys_bytes, end.primary_ctx_refs,
+			base.primary_ctx_refs);
 		return 1;
 	}
 	free(workers);
