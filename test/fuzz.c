@@ -91,6 +91,10 @@ struct pick {
 /* One fuzzer: its model and its random sequence. */
 struct fuzzer {
 	uint64_t rng, seed;
+	/* Under libFuzzer the choices come from its input instead, until it runs out. */
+	const uint8_t *data;
+	size_t left;
+	bool exhausted;
 	unsigned long op;
 	bool shared; /* other fuzzers run at once: stay off shared state */
 	struct pool_slot pools[N_POOLS];
@@ -117,6 +121,19 @@ static int n_devices;
 static uint64_t
 rnd(struct fuzzer *f)
 {
+	if (f->data) {
+		uint64_t v = 0;
+		/* Two bytes a choice: enough for every choice the fuzzer makes but sizes and
+		 * made-up addresses, and a short input still drives many calls. */
+		if (f->left < 2) {
+			f->exhausted = true;
+			return 0;
+		}
+		memcpy(&v, f->data, 2);
+		f->data += 2;
+		f->left -= 2;
+		return v * 0x9E3779B97F4A7C15u; /* high bits too, for sizes and addresses */
+	}
 	f->rng ^= f->rng << 13;
 	f->rng ^= f->rng >> 7;
 	f->rng ^= f->rng << 17;
@@ -968,6 +985,8 @@ op_bad_free(struct fuzzer *f)
 		    512 * (size_t)pick_n(f, 8192);
 		break;
 	}
+	if (!p)
+		return; /* freeing NULL is fine */
 	for (i = 0; i < f->n_live; i++)
 		if (f->live[i].p == p)
 			return; /* a live allocation's start: that free would be good */
@@ -1531,7 +1550,7 @@ fuzzer_end(struct fuzzer *f)
 static unsigned long
 fuzz_run(struct fuzzer *f, unsigned long ops)
 {
-	for (f->op = 0; f->op < ops; f->op++) {
+	for (f->op = 0; f->op < ops && !f->exhausted; f->op++) {
 		unsigned r = pick_n(f, 100);
 		if (r < 30)
 			op_alloc(f);
@@ -1571,6 +1590,8 @@ fuzz_run(struct fuzzer *f, unsigned long ops)
 	return ops;
 }
 
+#ifndef SOP_FUZZ_LIBFUZZER
+/* --threads: one fuzzer a thread. */
 struct thread_arg {
 	struct fuzzer f;
 	unsigned long ops;
@@ -1594,7 +1615,84 @@ now_s(void)
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
+#endif
 
+static struct sim_live base;
+
+/* The driver, both devices' primary contexts and default pools, and the baseline of its live
+ * objects. */
+static void
+setup(void)
+{
+	th_init();
+	th_require_sim();
+	n_devices = th_n_devices < 2 ? th_n_devices : 2;
+	TH_OK(sop__drv.cuDevicePrimaryCtxRetain(&prim[0], 0));
+	prim[1] = prim[0];
+	if (n_devices > 1)
+		TH_OK(sop__drv.cuDevicePrimaryCtxRetain(&prim[1], 1));
+	{
+		sop_pool_t def;
+		TH_OK(sop_device_get_default_pool(&def, 0));
+		granularity = TH_POOL(def)->granularity;
+		if (n_devices > 1)
+			TH_OK(sop_device_get_default_pool(&def, 1));
+	}
+	base = th_live();
+}
+
+/* Everything gone: the driver's objects are back where they started, but for an anchor each
+ * default pool may keep, the primary context sop retains for its probes on each device, and the
+ * probes of stream records not yet swept. */
+static bool
+nothing_leaked(uint64_t seed)
+{
+	struct sim_live end = th_live();
+
+	if (end.streams != base.streams || end.events > base.events + PROBES_MAX ||
+	    end.contexts != base.contexts || end.reservations != base.reservations ||
+	    end.handles > base.handles + n_devices || end.mappings > base.mappings + n_devices ||
+	    end.phys_bytes > base.phys_bytes + (size_t)n_devices * granularity ||
+	    end.primary_ctx_refs > base.primary_ctx_refs + n_devices) {
+		fprintf(stderr,
+			"seed %llu: driver objects leaked: streams %ld/%ld events %ld/%ld "
+			"contexts %ld/%ld reservations %ld/%ld handles %ld/%ld mappings "
+			"%ld/%ld bytes %zu/%zu primary refs %ld/%ld\n",
+			(unsigned long long)seed, end.streams, base.streams, end.events,
+			base.events, end.contexts, base.contexts, end.reservations,
+			base.reservations, end.handles, base.handles, end.mappings, base.mappings,
+			end.phys_bytes, base.phys_bytes, end.primary_ctx_refs,
+			base.primary_ctx_refs);
+		dump_pools();
+		return false;
+	}
+	return true;
+}
+
+#ifdef SOP_FUZZ_LIBFUZZER
+/* libFuzzer's entry point (meson: test-fuzz-libfuzzer, clang only): the input is the sequence
+ * of choices; each input runs from a fresh model to the end and its leak check. */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	static struct fuzzer f;
+	static bool ready;
+
+	if (!ready) {
+		setup();
+		ready = true;
+	}
+	fuzzer_init(&f, 0, false);
+	f.data = data;
+	f.left = size;
+	fuzz_run(&f, ULONG_MAX);
+	if (!nothing_leaked(0))
+		abort();
+	return 0;
+}
+#else
 int
 main(int argc, char **argv)
 {
@@ -1603,7 +1701,6 @@ main(int argc, char **argv)
 	double seconds = 0, start;
 	int threads = 1, i;
 	bool trace = false;
-	struct sim_live base, end;
 	static struct fuzzer f;
 
 	for (i = 1; i < argc; i++) {
@@ -1621,21 +1718,7 @@ main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--trace"))
 			trace = true;
 	}
-	th_init();
-	th_require_sim();
-	n_devices = th_n_devices < 2 ? th_n_devices : 2;
-	TH_OK(sop__drv.cuDevicePrimaryCtxRetain(&prim[0], 0));
-	prim[1] = prim[0];
-	if (n_devices > 1)
-		TH_OK(sop__drv.cuDevicePrimaryCtxRetain(&prim[1], 1));
-	{
-		sop_pool_t def;
-		TH_OK(sop_device_get_default_pool(&def, 0));
-		granularity = TH_POOL(def)->granularity;
-		if (n_devices > 1)
-			TH_OK(sop_device_get_default_pool(&def, 1));
-	}
-	base = th_live();
+	setup();
 	start = now_s();
 	do {
 		if (threads <= 1) {
@@ -1659,28 +1742,8 @@ main(int argc, char **argv)
 			total += ops * (unsigned long)threads;
 		}
 		done++;
-		/* Everything gone: the driver's objects are back where they started, but for an
-		 * anchor each default pool may keep, the primary context sop retains for its probes
-		 * on each device, and the probes of stream records not yet swept. */
-		end = th_live();
-		if (end.streams != base.streams || end.events > base.events + PROBES_MAX ||
-		    end.contexts != base.contexts || end.reservations != base.reservations ||
-		    end.handles > base.handles + n_devices ||
-		    end.mappings > base.mappings + n_devices ||
-		    end.phys_bytes > base.phys_bytes + (size_t)n_devices * granularity ||
-		    end.primary_ctx_refs > base.primary_ctx_refs + n_devices) {
-			fprintf(stderr,
-				"seed %llu: driver objects leaked: streams %ld/%ld events %ld/%ld "
-				"contexts %ld/%ld reservations %ld/%ld handles %ld/%ld mappings "
-				"%ld/%ld bytes %zu/%zu primary refs %ld/%ld\n",
-				(unsigned long long)(seed + done - 1), end.streams, base.streams,
-				end.events, base.events, end.contexts, base.contexts,
-				end.reservations, base.reservations, end.handles, base.handles,
-				end.mappings, base.mappings, end.phys_bytes, base.phys_bytes,
-				end.primary_ctx_refs, base.primary_ctx_refs);
-			dump_pools();
+		if (!nothing_leaked(seed + done - 1))
 			return 1;
-		}
 	} while (seconds > 0 ? now_s() - start < seconds : done < seeds);
 	printf("fuzz: seeds %llu..%llu, %d thread%s, %lu operations in %.1f s: the library agreed "
 	       "with the model\n",
@@ -1688,3 +1751,4 @@ main(int argc, char **argv)
 	       threads == 1 ? "" : "s", total, now_s() - start);
 	return 0;
 }
+#endif
