@@ -25,7 +25,8 @@
  *
  * Usage: test-fuzz [--seed N] [--seeds N] [--ops N] [--seconds S] [--threads N] [--trace]
  * A failure prints the seed and the last calls made. CI runs a fixed set of seeds; by hand,
- * test-fuzz --seconds 300 --seed N runs seed after seed from N for five minutes.
+ * test-fuzz --seconds 300 --seed N runs seed after seed from N for five minutes. Built with
+ * SOP_FUZZ_LIBFUZZER (test-fuzz-libfuzzer, clang), libFuzzer's input makes the choices instead.
  */
 #include <limits.h>
 #include <stdarg.h>
