@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -70,7 +71,7 @@
 	X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuMemAllocAsync) \
 	X(cuMemFreeAsync) \
 	X(sim_fail) X(sim_fail_clear) X(sim_calls) X(sim_counts_reset) X(sim_live_get) \
-	X(sim_handles_recycle) X(sim_fail_rate) X(sim_fail_seed) X(sim_fails)
+	X(sim_handles_recycle) X(sim_fail_rate) X(sim_fail_seed) X(sim_fails) X(sim_host_vmm)
 
 #define DRV_MEMBER(name) __typeof__(&name) name;
 static struct {
@@ -503,6 +504,169 @@ static void test_vmm_basics(void)
 	OK(drv.cuMemAddressFree(va, 4 * gran));
 	OK(drv.cuMemGetInfo(&free_now, &total));
 	CHECK(free_now == free_before);
+	check_no_leaks();
+}
+
+/* The NUMA node of the page at p (get_mempolicy, MPOL_F_NODE | MPOL_F_ADDR), or -1 where the
+ * kernel does not say. */
+static int page_node(const void *p)
+{
+	int node = -1;
+
+	if (syscall(SYS_get_mempolicy, &node, NULL, 0ul, p, 3ul) != 0)
+		return -1;
+	return node;
+}
+
+static CUmemAllocationProp host_prop(CUmemLocationType type, int id)
+{
+	CUmemAllocationProp prop;
+
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = type;
+	prop.location.id = id;
+	return prop;
+}
+
+static CUresult host_access(CUdeviceptr p, size_t size, CUmemLocationType type,
+			    CUmemAccess_flags flags)
+{
+	CUmemAccessDesc d;
+
+	memset(&d, 0, sizeof(d));
+	d.location.type = type;
+	d.flags = flags;
+	return drv.cuMemSetAccess(p, size, &d, 1);
+}
+
+static void test_host_memory(void)
+{
+	CUmemAllocationProp prop = host_prop(CU_MEM_LOCATION_TYPE_HOST, 5), got;
+	CUmemLocation host = { CU_MEM_LOCATION_TYPE_HOST, 0 };
+	CUmemGenericAllocationHandle h, hn, hd;
+	unsigned long long flags;
+	size_t g, free_before, free_now, total;
+	CUdeviceptr va;
+	int v, numa;
+
+	/* The device says so. */
+	OK(drv.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED, 0));
+	CHECK(v == 1);
+	OK(drv.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+				    1));
+	CHECK(v == 1);
+	OK(drv.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED, 0));
+	CHECK(v == 1);
+	OK(drv.cuDeviceGetAttribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, 0));
+	CHECK(numa >= -1);
+
+	/* Granularity, and the driver's rules on the properties. */
+	OK(drv.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+	CHECK(g == gran);
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	CHECK_RC(drv.cuMemCreate(&h, gran, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+	prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+	CHECK_RC(drv.cuMemCreate(&h, gran, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+	CHECK_RC(drv.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+		 CUDA_ERROR_INVALID_VALUE);
+	prop = host_prop(CU_MEM_LOCATION_TYPE_HOST_NUMA, 4096);
+	CHECK_RC(drv.cuMemCreate(&h, gran, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+	prop.location.id = -1;
+	CHECK_RC(drv.cuMemCreate(&h, gran, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+
+	/* Host memory counts against no device. */
+	OK(drv.cuMemGetInfo(&free_before, &total));
+	prop = host_prop(CU_MEM_LOCATION_TYPE_HOST, 5);
+	OK(drv.cuMemCreate(&h, gran, &prop, 0));
+	OK(drv.cuMemGetAllocationPropertiesFromHandle(&got, h));
+	CHECK(got.location.type == CU_MEM_LOCATION_TYPE_HOST && got.location.id == 0);
+	prop = host_prop(CU_MEM_LOCATION_TYPE_HOST_NUMA, numa < 0 ? 0 : numa);
+	OK(drv.cuMemCreate(&hn, gran, &prop, 0));
+	OK(drv.cuMemGetAllocationPropertiesFromHandle(&got, hn));
+	CHECK(got.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA &&
+	      got.location.id == prop.location.id);
+	OK(drv.cuMemGetInfo(&free_now, &total));
+	CHECK(free_now == free_before);
+
+	/* Mapped, it is out of the CPU's reach until the CPU is granted access. */
+	OK(drv.cuMemAddressReserve(&va, 4 * gran, 0, 0, 0));
+	OK(drv.cuMemMap(va, gran, 0, h, 0));
+	OK(drv.cuMemMap(va + gran, gran, 0, hn, 0));
+	CHECK(touch_faults(PTR(va), TOUCH_READ));
+	CHECK(touch_faults(PTR(va + gran), TOUCH_WRITE));
+	OK(drv.cuMemGetAccess(&flags, &host, va));
+	CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_NONE);
+	/* HOST_NUMA access only for HOST_NUMA memory; HOST_NUMA_CURRENT never. */
+	CHECK_RC(host_access(va, 2 * gran, CU_MEM_LOCATION_TYPE_HOST_NUMA,
+			     CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+		 CUDA_ERROR_INVALID_VALUE);
+	CHECK_RC(host_access(va + gran, gran, CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT,
+			     CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+		 CUDA_ERROR_INVALID_VALUE);
+	CHECK(touch_faults(PTR(va), TOUCH_READ)); /* the refusals changed nothing */
+	OK(host_access(va, gran, CU_MEM_LOCATION_TYPE_HOST, CU_MEM_ACCESS_FLAGS_PROT_READ));
+	CHECK(!touch_faults(PTR(va), TOUCH_READ));
+	CHECK(touch_faults(PTR(va), TOUCH_WRITE));
+	OK(host_access(va, gran, CU_MEM_LOCATION_TYPE_HOST, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+	OK(host_access(va + gran, gran, CU_MEM_LOCATION_TYPE_HOST_NUMA,
+		       CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+	OK(drv.cuMemGetAccess(&flags, &host, va + gran));
+	CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	memset(PTR(va), 0x5a, 2 * gran);
+	CHECK(PTR(va)[2 * gran - 1] == 0x5a);
+	/* Where the machine says, the HOST_NUMA memory's pages are on its node. */
+	if (numa >= 0) {
+		int node = page_node(PTR(va + gran));
+		CHECK(node == -1 || node == numa);
+	}
+	/* A device granted access too: a copy engine reaches it (the sim's streams are the CPU). */
+	OK(set_access(va, 2 * gran, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+	OK(drv.cuMemsetD8(va, 0x11, gran));
+	CHECK(PTR(va)[gran - 1] == 0x11);
+	/* Revoked from both, the CPU faults again. */
+	OK(set_access(va, gran, 0, CU_MEM_ACCESS_FLAGS_PROT_NONE));
+	OK(host_access(va, gran, CU_MEM_LOCATION_TYPE_HOST, CU_MEM_ACCESS_FLAGS_PROT_NONE));
+	CHECK(touch_faults(PTR(va), TOUCH_READ));
+	OK(drv.cuMemUnmap(va, 2 * gran));
+	OK(drv.cuMemRelease(h));
+	OK(drv.cuMemRelease(hn));
+
+	/* Host access to device memory is refused, and leaves it as it was. */
+	prop = device_prop(0, false);
+	OK(drv.cuMemCreate(&hd, gran, &prop, 0));
+	OK(drv.cuMemMap(va, gran, 0, hd, 0));
+	OK(set_access(va, gran, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+	CHECK_RC(host_access(va, gran, CU_MEM_LOCATION_TYPE_HOST, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+		 CUDA_ERROR_NOT_SUPPORTED);
+	CHECK_RC(host_access(va, gran, CU_MEM_LOCATION_TYPE_HOST_NUMA,
+			     CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+		 CUDA_ERROR_INVALID_VALUE);
+	OK(drv.cuMemGetAccess(&flags, &host, va));
+	CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_NONE);
+	OK(drv.cuMemUnmap(va, gran));
+	OK(drv.cuMemRelease(hd));
+
+	/* A driver without host memory through these calls: it says so, and device memory
+	 * works as before. */
+	drv.sim_host_vmm(0);
+	OK(drv.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED, 0));
+	CHECK(v == 0);
+	OK(drv.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+				    0));
+	CHECK(v == 0);
+	prop = host_prop(CU_MEM_LOCATION_TYPE_HOST, 0);
+	CHECK_RC(drv.cuMemCreate(&h, gran, &prop, 0), CUDA_ERROR_NOT_SUPPORTED);
+	CHECK_RC(drv.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+		 CUDA_ERROR_NOT_SUPPORTED);
+	prop = host_prop(CU_MEM_LOCATION_TYPE_HOST_NUMA, 0);
+	CHECK_RC(drv.cuMemCreate(&h, gran, &prop, 0), CUDA_ERROR_NOT_SUPPORTED);
+	prop = device_prop(0, false);
+	OK(drv.cuMemCreate(&hd, gran, &prop, 0));
+	OK(drv.cuMemRelease(hd));
+	drv.sim_host_vmm(1);
+	OK(drv.cuMemAddressFree(va, 4 * gran));
 	check_no_leaks();
 }
 
@@ -1745,6 +1909,7 @@ int main(int argc, char **argv)
 	run("contexts", test_contexts);
 	run("vmm-basics", test_vmm_basics);
 	run("vmm-handles", test_vmm_handles);
+	run("host-memory", test_host_memory);
 	run("out-of-memory", test_out_of_memory);
 	run("fault-injection", test_fault_injection);
 	run("stream-order", test_stream_order);

@@ -346,6 +346,11 @@ struct sim_node *sim_table_remove(struct sim_table *t, uint64_t key);
 void sim_vmm_live(struct sim_live *out);
 /* Bytes of physical memory created on dev and not yet freed. */
 size_t sim_vmm_device_used(int dev);
+/* Whether host memory can be made through the VMM calls now (sim_host_vmm). */
+bool sim_host_vmm_supported(void);
+/* The host NUMA node closest to dev (CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID): -1 where the machine has
+ * no NUMA; else the machine's nodes in turn. */
+int sim_host_numa_id(int dev);
 
 /* ---- streams and events (sim-stream.c) ---- */
 

@@ -9,6 +9,15 @@
  *                still PROT_NONE until cuMemSetAccess mprotects it
  *   unmapping    the range turned back into an anonymous PROT_NONE mapping
  * Every piece of state lives under one lock; these calls are not hot.
+ *
+ * Host memory (CU_MEM_LOCATION_TYPE_HOST and HOST_NUMA) is made the same way, counted against no
+ * device, with the driver's rules: no handle types for HOST, a NUMA node that exists for
+ * HOST_NUMA (whose pages the kernel is told to take from that node, mbind), HOST_NUMA_CURRENT
+ * refused. The CPU may touch it once it is granted host access (a HOST or HOST_NUMA descriptor);
+ * as the sim's devices are the CPU too, a device's access opens it as well. SOP_SIM_HOST_VMM=0,
+ * or sim_host_vmm(0), makes the sim a driver that cannot make host memory this way (CUDA 12
+ * drivers for HOST, older ones for both): those calls fail with CUDA_ERROR_NOT_SUPPORTED and
+ * the device attributes that announce it read 0.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -22,6 +31,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "sim-internal.h"
@@ -32,6 +42,7 @@ struct phys {
 	int fd;
 	size_t size;
 	int device;		/* -1: host memory */
+	int numa;		/* host memory: its NUMA node (HOST_NUMA), else -1 */
 	unsigned handle_types;	/* CUmemAllocationHandleType bits */
 	bool accounted;		/* counted against its device (created here) */
 	dev_t st_dev;		/* identity of the memfd, to recognise imports */
@@ -61,6 +72,7 @@ struct mapping {
 	size_t size;
 	struct handle *handle;
 	unsigned char access[SIM_MAX_DEVICES];	/* CUmemAccess_flags per device */
+	unsigned char host_access;		/* the CPU's (host memory only) */
 };
 
 static pthread_mutex_t vmm_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -77,6 +89,67 @@ static size_t nmaps, maps_cap;
 
 static long live_handle_refs;
 static size_t live_phys_bytes;
+
+/* Whether host memory can be made through these calls (sim_host_vmm). */
+static atomic_bool host_vmm = true;
+
+/* ---- host NUMA nodes ---- */
+
+/* The machine's NUMA nodes (below 64) as a mask, 0 where it has no NUMA. */
+static uint64_t numa_mask;
+static pthread_once_t numa_once = PTHREAD_ONCE_INIT;
+
+static void numa_scan(void)
+{
+	char path[64];
+
+	for (int n = 0; n < 64; n++) {
+		snprintf(path, sizeof(path), "/sys/devices/system/node/node%d", n);
+		if (access(path, F_OK) == 0)
+			numa_mask |= (uint64_t)1 << n;
+	}
+}
+
+static uint64_t numa_nodes(void)
+{
+	pthread_once(&numa_once, numa_scan);
+	return numa_mask;
+}
+
+/* A HOST_NUMA id the driver accepts: a node of the machine, or 0 where it has no NUMA. */
+static bool numa_valid(int id)
+{
+	uint64_t mask = numa_nodes();
+
+	if (!mask)
+		return id == 0;
+	return id >= 0 && id < 64 && (mask >> id & 1);
+}
+
+int sim_host_numa_id(int dev)
+{
+	uint64_t mask = numa_nodes();
+	int k, n;
+
+	if (!mask)
+		return -1;
+	/* The devices spread over the nodes in turn. */
+	k = dev % __builtin_popcountll(mask);
+	for (n = 0; n < 64; n++)
+		if ((mask >> n & 1) && k-- == 0)
+			break;
+	return n;
+}
+
+bool sim_host_vmm_supported(void)
+{
+	return atomic_load(&host_vmm);
+}
+
+SIM_EXPORT void sim_host_vmm(int on)
+{
+	atomic_store(&host_vmm, on != 0);
+}
 
 /* ---- sorted arrays ---- */
 
@@ -202,10 +275,28 @@ static CUresult check_prop(const CUmemAllocationProp *prop)
 
 	if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
 		return CUDA_ERROR_INVALID_VALUE;
-	/* Host memory, as drivers since CUDA 12.2 make it: counted against no device. */
-	if (prop->location.type != CU_MEM_LOCATION_TYPE_HOST &&
-	    !prop_location_ok(&prop->location, &rc))
-		return rc;
+	switch (prop->location.type) {
+	case CU_MEM_LOCATION_TYPE_DEVICE:
+		if (!prop_location_ok(&prop->location, &rc))
+			return rc;
+		break;
+	case CU_MEM_LOCATION_TYPE_HOST:
+		/* Counted against no device; id ignored; "not IPC capable". */
+		if (!atomic_load(&host_vmm))
+			return CUDA_ERROR_NOT_SUPPORTED;
+		if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE)
+			return CUDA_ERROR_INVALID_VALUE;
+		break;
+	case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+		if (!atomic_load(&host_vmm))
+			return CUDA_ERROR_NOT_SUPPORTED;
+		if (!numa_valid(prop->location.id))
+			return CUDA_ERROR_INVALID_VALUE;
+		break;
+	default:
+		/* HOST_NUMA_CURRENT among them, as the driver documents. */
+		return CUDA_ERROR_INVALID_VALUE;
+	}
 	if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE &&
 	    prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
 		return CUDA_ERROR_NOT_SUPPORTED;
@@ -274,6 +365,7 @@ static struct phys *phys_new(int fd, size_t size, int device, unsigned types, bo
 	p->fd = fd;
 	p->size = size;
 	p->device = device;
+	p->numa = -1;
 	p->handle_types = types;
 	p->accounted = accounted;
 	p->st_dev = st.st_dev;
@@ -286,9 +378,26 @@ static struct phys *phys_new(int fd, size_t size, int device, unsigned types, bo
 	return p;
 }
 
-/* Physical memory on `device` (-1: the host); the memfd's name records the device for
- * importers. */
-static CUresult phys_create(size_t size, int device, unsigned types, struct phys **out)
+/* Ask the kernel to take the memfd's pages from one node (MPOL_BIND): a policy set through a
+ * mapping of shared memory stays with the memory. Where the kernel refuses (a container without
+ * the right), the pages go where the kernel puts them. */
+static void numa_bind(int fd, size_t size, int node)
+{
+	unsigned long mask = 1ul << node;
+	void *m;
+
+	if (!numa_nodes())
+		return;
+	m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED)
+		return;
+	(void)syscall(SYS_mbind, m, size, 2 /* MPOL_BIND */, &mask, 64ul, 0u);
+	munmap(m, size);
+}
+
+/* Physical memory on `device` (-1: the host, on NUMA node numa if that is not -1); the memfd's
+ * name records the device for importers. */
+static CUresult phys_create(size_t size, int device, int numa, unsigned types, struct phys **out)
 {
 	char name[32];
 	int fd;
@@ -307,11 +416,14 @@ static CUresult phys_create(size_t size, int device, unsigned types, struct phys
 		close(fd);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
+	if (numa >= 0)
+		numa_bind(fd, size, numa);
 	*out = phys_new(fd, size, device, types, device >= 0);
 	if (!*out) {
 		close(fd);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
+	(*out)->numa = numa;
 	return CUDA_SUCCESS;
 }
 
@@ -434,7 +546,9 @@ SIM_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, si
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&vmm_lock);
 	rc = phys_create(size,
-			 prop->location.type == CU_MEM_LOCATION_TYPE_HOST ? -1 : prop->location.id,
+			 prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1,
+			 prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ? prop->location.id
+									       : -1,
 			 (unsigned)prop->requestedHandleTypes, &p);
 	if (rc == CUDA_SUCCESS) {
 		h = handle_new(p);
@@ -545,12 +659,17 @@ out:
 	return rc;
 }
 
+static bool host_type(CUmemLocationType t)
+{
+	return t == CU_MEM_LOCATION_TYPE_HOST || t == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+}
+
 static CUresult check_access_desc(const CUmemAccessDesc *desc, size_t count)
 {
 	CUresult rc = CUDA_SUCCESS;
 
 	for (size_t i = 0; i < count; i++) {
-		if (!prop_location_ok(&desc[i].location, &rc))
+		if (!host_type(desc[i].location.type) && !prop_location_ok(&desc[i].location, &rc))
 			return rc;
 		if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
 		    desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
@@ -560,11 +679,31 @@ static CUresult check_access_desc(const CUmemAccessDesc *desc, size_t count)
 	return CUDA_SUCCESS;
 }
 
-/* The host stands in for every device: it gets the widest access any device has. */
+/* Whether a host descriptor may name the mapping's memory: the driver refuses host access to
+ * device memory (CUDA_ERROR_NOT_SUPPORTED, as an H100 answers it for pools), and HOST_NUMA access
+ * to memory of any other location type ("Users cannot specify CU_MEM_LOCATION_TYPE_HOST_NUMA
+ * accessibility for allocations created on with other location types"). */
+static CUresult host_desc_ok(const struct mapping *m, const CUmemAccessDesc *d)
+{
+	const struct phys *p = m->handle->phys;
+
+	if (!host_type(d->location.type))
+		return CUDA_SUCCESS;
+	if (d->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA && (p->device >= 0 || p->numa < 0))
+		return CUDA_ERROR_INVALID_VALUE;
+	return p->device >= 0 ? CUDA_ERROR_NOT_SUPPORTED : CUDA_SUCCESS;
+}
+
+/* The host stands in for every device: it gets the widest access any device has, and the
+ * access the CPU was granted to host memory. */
 static int host_prot(const struct mapping *m)
 {
 	int prot = PROT_NONE;
 
+	if (m->host_access == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+		return PROT_READ | PROT_WRITE;
+	if (m->host_access == CU_MEM_ACCESS_FLAGS_PROT_READ)
+		prot = PROT_READ;
 	for (int d = 0; d < sim_cfg.ndevices; d++) {
 		if (m->access[d] == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
 			return PROT_READ | PROT_WRITE;
@@ -591,11 +730,20 @@ SIM_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size,
 		rc = CUDA_ERROR_INVALID_VALUE;
 		goto out;
 	}
+	/* All or nothing: every descriptor must suit every mapping before any changes. */
+	for (size_t i = first; i < first + nm; i++)
+		for (size_t k = 0; k < count; k++)
+			if ((rc = host_desc_ok(&maps[i], &desc[k])) != CUDA_SUCCESS)
+				goto out;
 	for (size_t i = first; i < first + nm; i++) {
 		struct mapping *m = &maps[i];
 
-		for (size_t k = 0; k < count; k++)
-			m->access[desc[k].location.id] = (unsigned char)desc[k].flags;
+		for (size_t k = 0; k < count; k++) {
+			if (host_type(desc[k].location.type))
+				m->host_access = (unsigned char)desc[k].flags;
+			else
+				m->access[desc[k].location.id] = (unsigned char)desc[k].flags;
+		}
 		if (mprotect((void *)m->base, m->size, host_prot(m)) != 0)
 			sim_die("sim: mprotect of a mapping failed: %s", strerror(errno));
 	}
@@ -613,12 +761,12 @@ SIM_EXPORT CUresult CUDAAPI cuMemGetAccess(unsigned long long *flags, const CUme
 	SIM_ENTER(cuMemGetAccess);
 	if (!flags || !location)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (!prop_location_ok(location, &rc))
+	if (!host_type(location->type) && !prop_location_ok(location, &rc))
 		return rc;
 	pthread_mutex_lock(&vmm_lock);
 	m = map_containing((uintptr_t)ptr);
 	if (m)
-		*flags = m->access[location->id];
+		*flags = host_type(location->type) ? m->host_access : m->access[location->id];
 	else
 		rc = CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_unlock(&vmm_lock);
@@ -763,9 +911,11 @@ cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
 		memset(prop, 0, sizeof(*prop));
 		prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
 		prop->requestedHandleTypes = (CUmemAllocationHandleType)h->phys->handle_types;
-		prop->location.type = h->phys->device < 0 ? CU_MEM_LOCATION_TYPE_HOST
-							  : CU_MEM_LOCATION_TYPE_DEVICE;
-		prop->location.id = h->phys->device < 0 ? 0 : h->phys->device;
+		prop->location.type = h->phys->device >= 0 ? CU_MEM_LOCATION_TYPE_DEVICE
+				      : h->phys->numa >= 0 ? CU_MEM_LOCATION_TYPE_HOST_NUMA
+							   : CU_MEM_LOCATION_TYPE_HOST;
+		prop->location.id = h->phys->device >= 0 ? h->phys->device
+				    : h->phys->numa >= 0 ? h->phys->numa : 0;
 		rc = CUDA_SUCCESS;
 	}
 	pthread_mutex_unlock(&vmm_lock);

@@ -435,6 +435,7 @@ static void read_config(void)
 	unsigned long long ndev = env_number("SOP_SIM_DEVICES", 2);
 	unsigned long long mem = env_number("SOP_SIM_MEMORY", 1ull << 30);
 	unsigned long long gran = env_number("SOP_SIM_GRANULARITY", 2ull << 20);
+	unsigned long long host_vmm;
 
 	if (ndev > SIM_MAX_DEVICES)
 		sim_die("sim: SOP_SIM_DEVICES=%llu, at most %d", ndev, SIM_MAX_DEVICES);
@@ -445,6 +446,12 @@ static void read_config(void)
 	sim_cfg.memory = (size_t)mem;
 	sim_cfg.granularity = (size_t)gran;
 	parse_handles_env();
+	/* Unset leaves what sim_host_vmm set (on, unless changed). */
+	host_vmm = env_number("SOP_SIM_HOST_VMM", 2);
+	if (host_vmm == 0 || host_vmm == 1)
+		sim_host_vmm((int)host_vmm);
+	else if (host_vmm != 2)
+		sim_die("sim: SOP_SIM_HOST_VMM=%llu is neither 0 nor 1", host_vmm);
 }
 
 static void init_contexts(void)
@@ -615,6 +622,21 @@ static bool device_attribute(CUdevice_attribute attr, int dev, int *value)
 		return true;
 	case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
 		*value = 0;
+		return true;
+	/* Host memory through the VMM calls and the driver's pools, as a driver of CUDA 13 on an
+	 * H100 answers (sim_host_vmm). */
+	case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+		*value = sim_host_vmm_supported();
+		return true;
+	case CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED:
+		*value = 0;
+		return true;
+	case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID:
+		*value = sim_host_numa_id(dev);
 		return true;
 	default:
 		return false;

@@ -75,6 +75,17 @@ void sim_live_get(struct sim_live *out);
  */
 void sim_handles_recycle(int on);
 
+/*
+ * Host memory through the virtual memory calls (cuMemCreate with CU_MEM_LOCATION_TYPE_HOST or
+ * HOST_NUMA): with on (the default, and SOP_SIM_HOST_VMM=1) the sim makes it as a CUDA 13 driver
+ * does; with on = 0 (SOP_SIM_HOST_VMM=0) it answers as a driver that cannot:
+ * cuMemCreate and cuMemGetAllocationGranularity give CUDA_ERROR_NOT_SUPPORTED for those
+ * locations, and the device attributes HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+ * HOST_NUMA_MEMORY_POOLS_SUPPORTED, HOST_MEMORY_POOLS_SUPPORTED and
+ * HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED read 0. Affects the calls that follow.
+ */
+void sim_host_vmm(int on);
+
 #ifdef __cplusplus
 }
 #endif
