@@ -33,7 +33,7 @@ extern "C" {
 #define SOP_VERSION_MINOR 1
 #define SOP_VERSION_PATCH 0
 
-/* A pool of device memory; mirrors cudaMemPool_t. Opaque and pointer-sized, but not an address:
+/* A pool of device memory, or of pinned host memory (a host pool); mirrors cudaMemPool_t. Opaque and pointer-sized, but not an address:
  * it names the pool and its generation, so that a handle kept after its pool was destroyed is
  * refused (CUDA_ERROR_INVALID_VALUE) by every call, even once a new pool has taken its place.
  * NULL is never a pool. May be shared by threads. */
@@ -42,13 +42,30 @@ typedef struct sop_pool_handle *sop_pool_t;
 /* ---- Pools ------------------------------------------------------------------------------ */
 
 /* Create a pool. props->allocType must be CU_MEM_ALLOCATION_TYPE_PINNED and props->location a
- * device (CU_MEM_LOCATION_TYPE_DEVICE, a valid ordinal); handleTypes may be
+ * device (CU_MEM_LOCATION_TYPE_DEVICE, a valid ordinal) or the host (below); handleTypes may be
  * CU_MEM_HANDLE_TYPE_NONE or CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; win32SecurityAttributes,
  * usage and reserved must be zero. maxSize caps the physical memory the pool may hold (0: the
- * device's memory); it is rounded up to the allocation granularity.
- * Returns CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE (bad props or pool NULL),
+ * device's memory, or the host's); it is rounded up to the allocation granularity.
+ *
+ * Host pools: location CU_MEM_LOCATION_TYPE_HOST (id ignored; handleTypes must be 0) or
+ * CU_MEM_LOCATION_TYPE_HOST_NUMA (id: a host NUMA node, whose memory the pool then holds;
+ * sop_device_get_host_location gives a device's closest). The pool holds pinned host memory,
+ * made through the driver's virtual memory calls, and every call that takes a pool works on it
+ * as on a device pool: allocation and free in stream order, the reuse policies, the release
+ * threshold, trimming, statistics, free extents, compaction. The host CPU may load and store an
+ * allocation once the stream work that precedes it has completed (synchronize after the
+ * allocation, or after the work that last used the memory on a device), and must be done with it
+ * before it frees it: the CPU is not in stream order. Devices reach it only once granted access
+ * (sop_pool_set_access), as on the driver's host pools. The memory counts against no device's
+ * memory limit. On a stream that is capturing, an allocation from a host pool gives
+ * CUDA_ERROR_NOT_SUPPORTED (graph memory is device memory).
+ *
+ * Returns CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE (bad props or pool NULL; a host pool with
+ * handle types, a HOST_NUMA node the driver does not know, CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT),
  * CUDA_ERROR_NOT_SUPPORTED (a location or type sop does not handle, see doc/differences.md),
- * CUDA_ERROR_OUT_OF_MEMORY, or the driver's code. */
+ * CUDA_ERROR_OUT_OF_MEMORY, or the driver's code: a host pool on a driver that cannot make host
+ * memory through cuMemCreate fails with the code cuMemCreate gave (CUDA_ERROR_NOT_SUPPORTED or
+ * CUDA_ERROR_INVALID_VALUE, by version), and nothing else changes. */
 CUresult sop_pool_create(sop_pool_t *pool, const CUmemPoolProps *props);
 
 /* Destroy a pool. Returns at once. Allocations still live stay valid until freed, and the pool's
@@ -81,7 +98,10 @@ CUresult sop_trim_to(sop_pool_t pool, size_t min_bytes_to_keep);
  * The owning device always has read-write access: granting it is a no-op, revoking it gives
  * CUDA_ERROR_INVALID_DEVICE. Read-only access and host locations give CUDA_ERROR_NOT_SUPPORTED;
  * a device that does not exist or cannot access the owner's memory gives
- * CUDA_ERROR_INVALID_DEVICE. Either every descriptor applies or none does. count 0 succeeds. */
+ * CUDA_ERROR_INVALID_DEVICE. Either every descriptor applies or none does. count 0 succeeds.
+ * A host pool's owner is the host CPU (a descriptor of type HOST, or HOST_NUMA for a HOST_NUMA
+ * pool; HOST_NUMA for a HOST pool gives CUDA_ERROR_INVALID_VALUE), and no device has access until
+ * granted it here; every device may be. */
 CUresult sop_pool_set_access(sop_pool_t pool, const CUmemAccessDesc *map, size_t count);
 CUresult sop_pool_get_access(CUmemAccess_flags *flags, sop_pool_t pool, CUmemLocation *location);
 
@@ -95,6 +115,27 @@ CUresult sop_device_get_default_pool(sop_pool_t *pool, CUdevice device);
 CUresult sop_device_set_pool(CUdevice device, sop_pool_t pool);
 /* The last pool set for device, else its default pool. */
 CUresult sop_device_get_pool(sop_pool_t *pool, CUdevice device);
+
+/* The same by location, as cuMemGetDefaultMemPool, cuMemGetMemPool and cuMemSetMemPool of CUDA 13
+ * take it: a device, or a host location (CU_MEM_LOCATION_TYPE_HOST, or HOST_NUMA for a node below
+ * 64), each with a default pool made on first use (for the host, a host pool with the driver's
+ * defaults: no device access, release threshold 0) and a current pool. type must be
+ * CU_MEM_ALLOCATION_TYPE_PINNED (MANAGED gives CUDA_ERROR_NOT_SUPPORTED). A host location's
+ * current pool is only a record, as the driver's is: no call allocates from it unnamed.
+ * Returns CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE (NULL, another location type, a pool of another
+ * location), CUDA_ERROR_INVALID_DEVICE, or, when a host location's default pool cannot be made,
+ * what sop_pool_create would return. */
+CUresult sop_mem_get_default_pool(sop_pool_t *pool, const CUmemLocation *location,
+				  CUmemAllocationType type);
+CUresult sop_mem_get_pool(sop_pool_t *pool, const CUmemLocation *location, CUmemAllocationType type);
+CUresult sop_mem_set_pool(const CUmemLocation *location, CUmemAllocationType type, sop_pool_t pool);
+
+/* The host location closest to device, for a host pool's props: CU_MEM_LOCATION_TYPE_HOST_NUMA
+ * and the node CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID names, or CU_MEM_LOCATION_TYPE_HOST (id 0) where
+ * the device names none (a machine without NUMA, a driver without the attribute).
+ * Returns CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE (location NULL), CUDA_ERROR_INVALID_DEVICE or
+ * the driver's code. */
+CUresult sop_device_get_host_location(CUmemLocation *location, CUdevice device);
 
 /* ---- Device memory limits ---------------------------------------------------------------- */
 

@@ -1,7 +1,8 @@
 /* devices.c - what concerns every pool of a device: its default and current pool, as the public
  * calls that name a device find them (the default made on first use, the current one set and
  * read), and at the device's memory limit, its pools' idle memory given back and the
- * out-of-memory report.
+ * out-of-memory report. The same tables for host locations (HOST, HOST_NUMA nodes), which
+ * the driver keeps per location on CUDA 13, and a device's closest host location.
  *
  * The tables live in registry.c, which pool.c reaches to make a destroyed pool no device's
  * current one (sop__forget_current); making a pool is pool.c's, so the default is made here,
@@ -66,7 +67,7 @@ sop__set_current_pool(CUdevice device, struct sop_pool *pool)
 
 	if (device < 0 || device >= sop__device_count())
 		return CUDA_ERROR_INVALID_DEVICE;
-	if (pool->device != device)
+	if (pool->host || pool->device != device)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&sop__dev_lock);
 	/* Checked under the lock that sop__forget_current takes to mark it: a pool being
@@ -81,6 +82,100 @@ sop__set_current_pool(CUdevice device, struct sop_pool *pool)
 	return r;
 }
 
+/* ---- Host locations ------------------------------------------------------------------------ */
+
+/* A host location's default pool (HOST, or HOST_NUMA of a node below SOP_NUMA_NODES), made on
+ * first use with the driver's defaults, as cuMemGetDefaultMemPool makes it on CUDA 13. */
+CUresult
+sop__host_default_pool(const CUmemLocation *loc, struct sop_pool **out)
+{
+	int slot = sop__host_slot(loc);
+	struct sop_pool *p;
+	CUresult r = CUDA_SUCCESS;
+
+	if (slot < 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	p = atomic_load_explicit(&sop__host_default_pools[slot], memory_order_acquire);
+	if (SOP_LIKELY(p != NULL)) {
+		*out = p;
+		return CUDA_SUCCESS;
+	}
+	pthread_mutex_lock(&sop__dev_lock);
+	p = atomic_load_explicit(&sop__host_default_pools[slot], memory_order_relaxed);
+	if (!p) {
+		CUmemPoolProps props;
+		memset(&props, 0, sizeof props);
+		props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+		props.location.type = loc->type;
+		props.location.id = slot ? loc->id : 0;
+		r = sop__pool_new(&props, true, &p);
+		if (r == CUDA_SUCCESS)
+			atomic_store_explicit(&sop__host_default_pools[slot], p,
+					      memory_order_release);
+	}
+	pthread_mutex_unlock(&sop__dev_lock);
+	if (r == CUDA_SUCCESS)
+		*out = p;
+	return r;
+}
+
+CUresult
+sop__host_current_pool(const CUmemLocation *loc, struct sop_pool **out)
+{
+	int slot = sop__host_slot(loc);
+	struct sop_pool *p;
+
+	if (slot < 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	p = atomic_load_explicit(&sop__host_current_pools[slot], memory_order_acquire);
+	if (p) {
+		*out = p;
+		return CUDA_SUCCESS;
+	}
+	return sop__host_default_pool(loc, out);
+}
+
+CUresult
+sop__host_set_current_pool(const CUmemLocation *loc, struct sop_pool *pool)
+{
+	int slot = sop__host_slot(loc);
+	CUresult r = CUDA_SUCCESS;
+
+	if (slot < 0 || !pool->host || sop__host_slot(&pool->props.location) != slot)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&sop__dev_lock);
+	/* As for a device: a pool being destroyed never becomes current. */
+	if (atomic_load(&pool->destroyed))
+		r = CUDA_ERROR_INVALID_VALUE;
+	else
+		atomic_store_explicit(&sop__host_current_pools[slot],
+				      pool->is_default ? NULL : pool, memory_order_release);
+	pthread_mutex_unlock(&sop__dev_lock);
+	return r;
+}
+
+CUresult
+sop__device_host_location(CUdevice device, CUmemLocation *loc)
+{
+	int node = -1;
+	CUresult r;
+
+	if (device < 0 || device >= sop__device_count())
+		return CUDA_ERROR_INVALID_DEVICE;
+	/* A driver that does not know the attribute knows no node either. */
+	r = SOP_DRV(cuDeviceGetAttribute)(&node, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, device);
+	if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_VALUE)
+		return r;
+	if (r == CUDA_SUCCESS && node >= 0) {
+		loc->type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+		loc->id = node;
+	} else {
+		loc->type = CU_MEM_LOCATION_TYPE_HOST;
+		loc->id = 0;
+	}
+	return CUDA_SUCCESS;
+}
+
 /* ---- At a device's memory limit (limit.c) --------------------------------------------------- */
 
 /* Whether a request of size bytes from pool cannot be mapped under the cap as the device's
@@ -90,6 +185,8 @@ limit_binds(struct sop_pool *pool, size_t size)
 {
 	size_t limit, held;
 
+	if (pool->host)
+		return false; /* host memory counts against no device */
 	sop__limit_get(pool->device, &limit, &held);
 	size = sop__round_up(size, pool->granularity);
 	return limit && (held > limit || size > limit - held);
@@ -110,7 +207,7 @@ sop__limit_reclaim(struct sop_pool *pool, size_t size)
 	sop__limit_get(pool->device, &limit, &before);
 	pools = sop__registry_snapshot(&n);
 	for (i = 0; i < n; i++) {
-		if (pools[i]->device != pool->device)
+		if (pools[i]->host || pools[i]->device != pool->device)
 			continue;
 		pthread_mutex_lock(&pools[i]->lock);
 		if (!atomic_load(&pools[i]->dead))
@@ -155,6 +252,15 @@ sop__oom_report(struct sop_pool *pool, size_t size)
 
 	if (SOP_LIKELY(!sop__limit_reporting()))
 		return;
+	if (pool->host) {
+		/* No device's limit is concerned: the pool alone. */
+		flockfile(stderr);
+		fprintf(stderr, "sop: out of memory: %zu bytes from host pool %#llx\n", size,
+			(unsigned long long)pool->handle);
+		report_pool(pool, pool);
+		funlockfile(stderr);
+		return;
+	}
 	sop__limit_get(pool->device, &limit, &held);
 	pools = sop__registry_snapshot(&n);
 	/* One report in one piece, whatever other threads write. */
@@ -168,7 +274,7 @@ sop__oom_report(struct sop_pool *pool, size_t size)
 		fprintf(stderr, "sop: device %d: no limit, held by sop's pools %zu\n",
 			(int)pool->device, held);
 	for (i = 0; i < n; i++)
-		if (pools[i]->device == pool->device)
+		if (!pools[i]->host && pools[i]->device == pool->device)
 			report_pool(pools[i], pool);
 	funlockfile(stderr);
 	free(pools);

@@ -288,7 +288,8 @@ pieces_map(struct sop_pool *pool, struct sop__segment *seg, CUdeviceptr va, size
 		sop__piece_unlink(seg, pc);
 		SOP_DRV(cuMemUnmap)(pc->va, pc->size);
 		SOP_DRV(cuMemRelease)(pc->handle);
-		sop__limit_discharge(pool->device, pc->size);
+		if (!pool->host)
+			sop__limit_discharge(pool->device, pc->size);
 		free(pc);
 	}
 	return r;

@@ -14,7 +14,8 @@
  *               tables of each device's default and current pool
  * Physical memory
  *   vmm.c       physical pieces through the driver's virtual memory calls: create, map and
- *               open one; releases retried; the anchor that keeps an empty pool's page tables
+ *               open one (device or pinned host memory); whether the driver makes host memory;
+ *               releases retried; the anchor that keeps an empty pool's page tables
  * Blocks and the pool heap
  *   blockmap.c  the block map: which block starts at an address, lock-free to read
  *   block.c     descriptors, carve and split, merge, the pool heap of FREE blocks, spares
@@ -33,7 +34,8 @@
  * Allocation and the API
  *   stream.c    the hot path, and the thread-local cache of stream states it reaches them by
  *   devices.c   what concerns every pool of a device: its default pool (made on first use) and
- *               current pool; at its memory limit, idle memory given back and the report
+ *               current pool; at its memory limit, idle memory given back and the report; the
+ *               same tables for host locations, and a device's closest host location
  *   sop.c       public entry points: check arguments, take locks, call in
  *   check.c     sop__pool_check, the invariant walker (for tests; reads every layer)
  *   preload.c   the interposer, libsop-preload.so (not in libsop): the driver's stream-ordered
@@ -250,6 +252,21 @@ struct sop_pool **sop__registry_snapshot(size_t *n);
 extern pthread_mutex_t sop__dev_lock;
 extern _Atomic(struct sop_pool *) *sop__default_pools;
 extern _Atomic(struct sop_pool *) *sop__current_pools;
+/* The same for host locations, by sop__host_slot. */
+extern _Atomic(struct sop_pool *) sop__host_default_pools[SOP_HOST_SLOTS];
+extern _Atomic(struct sop_pool *) sop__host_current_pools[SOP_HOST_SLOTS];
+
+/* The slot of a host location in those tables: 0 for HOST, 1 + id for HOST_NUMA nodes below
+ * SOP_NUMA_NODES; -1 for any other location. */
+static inline int
+sop__host_slot(const CUmemLocation *loc)
+{
+	if (loc->type == CU_MEM_LOCATION_TYPE_HOST)
+		return 0;
+	if (loc->type == CU_MEM_LOCATION_TYPE_HOST_NUMA && loc->id >= 0 && loc->id < SOP_NUMA_NODES)
+		return 1 + loc->id;
+	return -1;
+}
 /* A pool is going away: mark it destroyed and make the default current again where it was
  * current, both under the lock that sop__set_current_pool takes, so that no device can be left
  * with a destroyed pool as current. */
@@ -261,6 +278,10 @@ void sop__forget_current(struct sop_pool *pool);
  * devices. Context current. */
 CUresult sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size,
 			CUmemGenericAllocationHandle *h);
+/* Create one physical allocation of size bytes and release it: whether the driver makes memory
+ * as prop asks (a host pool's creation asks, as drivers differ: doc/differences.md), with its
+ * code. Context current. */
+CUresult sop__piece_probe(const CUmemAllocationProp *prop, size_t size);
 /* Keep a handle whose range is unmapped but whose cuMemRelease failed, to be released again;
  * retry the releases that failed before (context current). */
 void sop__orphan_keep(struct sop_pool *pool, CUmemGenericAllocationHandle h);
@@ -617,6 +638,15 @@ CUresult sop__default_pool(CUdevice device, struct sop_pool **out);
 CUresult sop__current_pool(CUdevice device, struct sop_pool **out);
 /* CUDA_ERROR_INVALID_VALUE for a pool of another device or one being destroyed. */
 CUresult sop__set_current_pool(CUdevice device, struct sop_pool *pool);
+/* The same for a host location (HOST, or HOST_NUMA of a node below SOP_NUMA_NODES; else
+ * CUDA_ERROR_INVALID_VALUE): its default pool, made on first use, its current pool, and setting
+ * it (CUDA_ERROR_INVALID_VALUE for a pool of another location or one being destroyed). */
+CUresult sop__host_default_pool(const CUmemLocation *loc, struct sop_pool **out);
+CUresult sop__host_current_pool(const CUmemLocation *loc, struct sop_pool **out);
+CUresult sop__host_set_current_pool(const CUmemLocation *loc, struct sop_pool *pool);
+/* The host location closest to the device: HOST_NUMA of CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, or HOST
+ * where the device names no node. */
+CUresult sop__device_host_location(CUdevice device, CUmemLocation *loc);
 /* An allocation of size bytes from pool failed for lack of memory: if the device's cap is why,
  * every pool of the device gives back its idle memory; true if that gave back anything, and the
  * allocation is worth another try. No pool lock held; pinned. */

@@ -9,6 +9,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -27,6 +28,33 @@ pool_va_size(size_t device_mem, size_t max_size)
 	return sop__round_up(va, granule);
 }
 
+/* The host's memory, which sizes a host pool's reservation as a device's memory sizes a device
+ * pool's. */
+static size_t
+host_memory(void)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+
+	if (pages <= 0 || page <= 0)
+		return (size_t)64 << 30;
+	return (size_t)pages * (size_t)page;
+}
+
+/* The device a host pool makes its driver calls in: the current context's, else the first.
+ * Its primary context is retained for the pool's lifetime, and a program that uses one device
+ * should not pay for a context on another. */
+static CUdevice
+host_pool_device(void)
+{
+	CUcontext ctx = NULL;
+	CUdevice dev = 0;
+
+	if (SOP_DRV(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || !ctx ||
+	    SOP_DRV(cuCtxGetDevice)(&dev) != CUDA_SUCCESS || dev < 0 || dev >= sop__device_count())
+		dev = 0;
+	return dev;
+}
+
 CUresult
 sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **out)
 {
@@ -39,7 +67,16 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **ou
 	if (!pool)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	pool->props = *props;
-	pool->device = props->location.id;
+	pool->host = props->location.type != CU_MEM_LOCATION_TYPE_DEVICE;
+	if (pool->host) {
+		/* "id is ignored" for HOST: kept as 0, so that every piece and descriptor is
+		 * the same whatever the caller left there. */
+		if (props->location.type == CU_MEM_LOCATION_TYPE_HOST)
+			pool->props.location.id = 0;
+		pool->device = host_pool_device();
+	} else {
+		pool->device = props->location.id;
+	}
 	pool->is_default = is_default;
 	{
 		/* The pool lock is held for a few hundred nanoseconds at a time (the slow path),
@@ -68,11 +105,18 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **ou
 	if (r != CUDA_SUCCESS)
 		goto fail_ctx;
 	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	prop.location = props->location;
+	prop.location = pool->props.location;
 	prop.requestedHandleTypes = props->handleTypes;
 	r = SOP_DRV(cuMemGetAllocationGranularity)(&pool->granularity, &prop,
 						   CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-	if (r == CUDA_SUCCESS)
+	/* Whether the driver makes host memory through these calls, and on that node, differs
+	 * by version and machine (doc/differences.md): it is asked, by making one granule,
+	 * rather than read from attributes that older drivers lack. Its code is the answer. */
+	if (r == CUDA_SUCCESS && pool->host)
+		r = sop__piece_probe(&prop, pool->granularity);
+	if (r == CUDA_SUCCESS && pool->host)
+		total = host_memory();
+	else if (r == CUDA_SUCCESS)
 		r = SOP_DRV(cuDeviceTotalMem)(&total, pool->device);
 	if (r == CUDA_SUCCESS) {
 		if (props->maxSize)
@@ -306,12 +350,13 @@ sop__pool_set_attr(struct sop_pool *pool, CUmemPool_attribute attr, void *value)
 
 /* ---- Peer access ---------------------------------------------------------------------------- */
 
+/* The access a device has; a host pool's owner is the CPU, and no device is owner. */
 static CUmemAccess_flags
 access_of(const struct sop_pool *pool, int device)
 {
 	size_t i;
 
-	if (device == pool->device)
+	if (!pool->host && device == pool->device)
 		return CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 	for (i = 0; i < pool->n_access; i++)
 		if (pool->access[i].location.id == device)
@@ -323,7 +368,11 @@ CUresult
 sop__pool_get_access(struct sop_pool *pool, const CUmemLocation *loc, CUmemAccess_flags *flags)
 {
 	if (loc->type != CU_MEM_LOCATION_TYPE_DEVICE) {
-		*flags = CU_MEM_ACCESS_FLAGS_PROT_NONE; /* the host never has access */
+		/* The CPU: always for a host pool, its owner; never for a device pool. */
+		*flags = pool->host && (loc->type == CU_MEM_LOCATION_TYPE_HOST ||
+					loc->type == CU_MEM_LOCATION_TYPE_HOST_NUMA)
+				 ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+				 : CU_MEM_ACCESS_FLAGS_PROT_NONE;
 		return CUDA_SUCCESS;
 	}
 	if (loc->id < 0 || loc->id >= sop__device_count())
@@ -334,6 +383,29 @@ sop__pool_get_access(struct sop_pool *pool, const CUmemLocation *loc, CUmemAcces
 	return CUDA_SUCCESS;
 }
 
+/* A host descriptor for a host pool names its owner, the CPU, as the owning device's does for a
+ * device pool: read-write is a no-op, anything less is refused. The driver forbids a HOST_NUMA
+ * descriptor for memory of another location type; a device pool refuses host access
+ * (CUDA_ERROR_NOT_SUPPORTED, as an H100 answers). */
+static CUresult
+access_check_host(struct sop_pool *pool, const CUmemAccessDesc *d)
+{
+	if (d->location.type != CU_MEM_LOCATION_TYPE_HOST &&
+	    d->location.type != CU_MEM_LOCATION_TYPE_HOST_NUMA)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!pool->host)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	if (d->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA &&
+	    pool->props.location.type != CU_MEM_LOCATION_TYPE_HOST_NUMA)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (d->flags == CU_MEM_ACCESS_FLAGS_PROT_READ)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	if (d->flags == CU_MEM_ACCESS_FLAGS_PROT_NONE)
+		return CUDA_ERROR_INVALID_DEVICE;
+	return d->flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? CUDA_SUCCESS
+							       : CUDA_ERROR_INVALID_VALUE;
+}
+
 static CUresult
 access_check(struct sop_pool *pool, const CUmemAccessDesc *d)
 {
@@ -341,7 +413,7 @@ access_check(struct sop_pool *pool, const CUmemAccessDesc *d)
 	CUresult r;
 
 	if (d->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-		return CUDA_ERROR_NOT_SUPPORTED;
+		return access_check_host(pool, d);
 	if (d->location.id < 0 || d->location.id >= sop__device_count())
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (d->flags == CU_MEM_ACCESS_FLAGS_PROT_READ)
@@ -349,6 +421,10 @@ access_check(struct sop_pool *pool, const CUmemAccessDesc *d)
 	if (d->flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
 	    d->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
 		return CUDA_ERROR_INVALID_VALUE;
+	/* Every device reaches pinned host memory (the driver's pools let any device be granted
+	 * access to a host pool). */
+	if (pool->host)
+		return CUDA_SUCCESS;
 	if (d->location.id == pool->device)
 		return d->flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? CUDA_SUCCESS
 								       : CUDA_ERROR_INVALID_DEVICE;
@@ -393,10 +469,11 @@ sop__pool_set_access(struct sop_pool *pool, const CUmemAccessDesc *map, size_t c
 	was[0] = want[0];
 	for (dev = 0; dev < (int)n_dev; dev++) {
 		CUmemAccess_flags old = access_of(pool, dev), f = old;
-		if (dev == pool->device)
+		if (!pool->host && dev == pool->device)
 			continue;
 		for (i = 0; i < count; i++)
-			if (map[i].location.id == dev)
+			if (map[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+			    map[i].location.id == dev)
 				f = map[i].flags;
 		if (f == CU_MEM_ACCESS_FLAGS_PROT_NONE && old == CU_MEM_ACCESS_FLAGS_PROT_NONE)
 			continue;

@@ -676,6 +676,32 @@ location_sop(const CUmemLocation *location, CUmemAllocationType type)
 	       type == CU_MEM_ALLOCATION_TYPE_PINNED;
 }
 
+/* A host location sop keeps a default and a current pool for: pinned host memory (HOST, HOST_NUMA
+ * of a node below 64). Where sop cannot make its default pool (a driver without host memory
+ * through the virtual memory calls: CUDA_ERROR_NOT_SUPPORTED), the driver's pools serve it. */
+static inline bool
+location_host(const CUmemLocation *location, CUmemAllocationType type)
+{
+	return location && type == CU_MEM_ALLOCATION_TYPE_PINNED && sop__host_slot(location) >= 0;
+}
+
+/* A host location's default or current pool from sop; CUDA_ERROR_NOT_SUPPORTED where sop cannot
+ * make it. Serving. */
+static CUresult
+host_pool(CUmemoryPool *out, CUmemLocation *location, CUmemAllocationType type, bool current)
+{
+	sop_pool_t p;
+	CUresult r;
+
+	if (!out)
+		return CUDA_ERROR_INVALID_VALUE;
+	r = current ? sop_mem_get_pool(&p, location, type)
+		    : sop_mem_get_default_pool(&p, location, type);
+	if (r == CUDA_SUCCESS)
+		*out = pool_cu(p);
+	return r;
+}
+
 SOP_API CUresult CUDAAPI
 cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 {
@@ -722,6 +748,8 @@ cuMemGetDefaultMemPool(CUmemoryPool *pool_out, CUmemLocation *location, CUmemAll
 		return FORWARD(cuMemGetDefaultMemPool, pool_out, location, type);
 	if (location_sop(location, type))
 		r = device_pool(pool_out, location->id, false);
+	else if (location_host(location, type))
+		r = host_pool(pool_out, location, type, false);
 	if (r == CUDA_ERROR_NOT_SUPPORTED)
 		r = foreign_got(FORWARD(cuMemGetDefaultMemPool, pool_out, location, type),
 				pool_out);
@@ -737,6 +765,8 @@ cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *location, CUmemAllocationType
 		return FORWARD(cuMemGetMemPool, pool, location, type);
 	if (location_sop(location, type))
 		r = device_pool(pool, location->id, true);
+	else if (location_host(location, type))
+		r = host_pool(pool, location, type, true);
 	if (r == CUDA_ERROR_NOT_SUPPORTED)
 		r = foreign_got(FORWARD(cuMemGetMemPool, pool, location, type), pool);
 	return r;
@@ -750,6 +780,10 @@ cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type, CUmemoryPool 
 
 	if (serving() && location_sop(location, type))
 		r = device_set_pool(location->id, pool, &forward);
+	else if (serving() && location_host(location, type) && !foreign_has(pool)) {
+		r = sop_mem_set_pool(location, type, pool_sop(pool));
+		forward = false;
+	}
 	return forward ? FORWARD(cuMemSetMemPool, location, type, pool) : r;
 }
 

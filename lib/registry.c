@@ -1,6 +1,7 @@
 /* registry.c - process-wide state: driver initialisation, the device list, pool handles, the
- * table that maps an address to its pool, and the tables of each device's default and current
- * pool (devices.c makes and sets them; a pool's teardown takes it out of them here).
+ * table that maps an address to its pool, and the tables of each device's and each host
+ * location's default and current pool (devices.c makes and sets them; a pool's teardown takes it
+ * out of them here).
  *
  * A free names only a pointer, so sop must find the pool from the address alone, on every
  * thread, without a lock: each pool reserves its addresses in whole gigabytes, and a two-level
@@ -32,6 +33,8 @@ static int n_devices;
 /* Read without the lock on every sop_malloc_async; written under sop__dev_lock. */
 _Atomic(struct sop_pool *) *sop__default_pools;
 _Atomic(struct sop_pool *) *sop__current_pools;
+_Atomic(struct sop_pool *) sop__host_default_pools[SOP_HOST_SLOTS];
+_Atomic(struct sop_pool *) sop__host_current_pools[SOP_HOST_SLOTS];
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static CUresult init_status;
@@ -284,10 +287,17 @@ sop__registry_snapshot(size_t *n)
 void
 sop__forget_current(struct sop_pool *pool)
 {
+	int slot;
+
 	pthread_mutex_lock(&sop__dev_lock);
-	if (pool->device >= 0 && pool->device < n_devices &&
-	    atomic_load(&sop__current_pools[pool->device]) == pool)
+	if (pool->host) {
+		slot = sop__host_slot(&pool->props.location);
+		if (slot >= 0 && atomic_load(&sop__host_current_pools[slot]) == pool)
+			atomic_store(&sop__host_current_pools[slot], NULL);
+	} else if (pool->device >= 0 && pool->device < n_devices &&
+		   atomic_load(&sop__current_pools[pool->device]) == pool) {
 		atomic_store(&sop__current_pools[pool->device], NULL);
+	}
 	/* After the table, with release: a sop_malloc_async that finds the pool destroyed and
 	 * reads the table again finds the default. */
 	atomic_store_explicit(&pool->destroyed, true, memory_order_release);

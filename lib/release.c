@@ -171,8 +171,10 @@ piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc
 	sop__leaves_put(pool, &lv, 0);
 	sop__piece_unlink(seg, pc);
 	atomic_store(&pool->reserved, atomic_load(&pool->reserved) - pc->size);
-	/* Like reserved: the range left the pool, a handle kept as an orphan included. */
-	sop__limit_discharge(pool->device, pc->size);
+	/* Like reserved: the range left the pool, a handle kept as an orphan included. A host
+	 * pool's memory was never counted (vmm.c). */
+	if (!pool->host)
+		sop__limit_discharge(pool->device, pc->size);
 	free(pc);
 	if (!seg->mapped)
 		sop__segment_drop(pool, seg);

@@ -51,15 +51,22 @@ props_check(const CUmemPoolProps *p)
 								      : CUDA_ERROR_INVALID_VALUE;
 	switch (p->location.type) {
 	case CU_MEM_LOCATION_TYPE_DEVICE:
+		if (p->location.id < 0 || p->location.id >= sop__device_count())
+			return CUDA_ERROR_INVALID_VALUE;
 		break;
 	case CU_MEM_LOCATION_TYPE_HOST:
+		/* "not IPC capable and handleTypes must be 0". */
+		if (p->handleTypes)
+			return CUDA_ERROR_INVALID_VALUE;
+		break;
 	case CU_MEM_LOCATION_TYPE_HOST_NUMA:
-		return CUDA_ERROR_NOT_SUPPORTED;
+		if (p->location.id < 0)
+			return CUDA_ERROR_INVALID_VALUE;
+		break;
 	default:
+		/* HOST_NUMA_CURRENT among them, as the driver documents. */
 		return CUDA_ERROR_INVALID_VALUE;
 	}
-	if (p->location.id < 0 || p->location.id >= sop__device_count())
-		return CUDA_ERROR_INVALID_VALUE;
 	if (p->handleTypes & ~(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_WIN32 |
 			       CU_MEM_HANDLE_TYPE_WIN32_KMT | CU_MEM_HANDLE_TYPE_FABRIC))
 		return CUDA_ERROR_INVALID_VALUE;
@@ -67,6 +74,11 @@ props_check(const CUmemPoolProps *p)
 		return CUDA_ERROR_NOT_SUPPORTED;
 	if (p->usage)
 		return CUDA_ERROR_NOT_SUPPORTED;
+	/* Whether the driver makes host memory through the virtual memory calls is asked by
+	 * trying, at the pool's creation (pool.c): the attributes that say so are missing from
+	 * drivers that do it. */
+	if (p->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+		return CUDA_SUCCESS;
 	r = SOP_DRV(cuDeviceGetAttribute)(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
 					  p->location.id);
 	if (r != CUDA_SUCCESS)
@@ -321,6 +333,106 @@ sop_device_get_pool(sop_pool_t *pool, CUdevice device)
 	return r;
 }
 
+/* A location and allocation type as cuMemGetDefaultMemPool takes them: a device (its
+ * ordinal checked), or a host location with a slot. */
+static CUresult
+location_check(const CUmemLocation *loc, CUmemAllocationType type)
+{
+	if (!loc)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (type != CU_MEM_ALLOCATION_TYPE_PINNED)
+		return type == CU_MEM_ALLOCATION_TYPE_MANAGED ? CUDA_ERROR_NOT_SUPPORTED
+							      : CUDA_ERROR_INVALID_VALUE;
+	if (loc->type == CU_MEM_LOCATION_TYPE_DEVICE)
+		return loc->id >= 0 && loc->id < sop__device_count() ? CUDA_SUCCESS
+								     : CUDA_ERROR_INVALID_DEVICE;
+	return sop__host_slot(loc) >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+SOP_API CUresult
+sop_mem_get_default_pool(sop_pool_t *pool, const CUmemLocation *location, CUmemAllocationType type)
+{
+	struct sop_pool *p;
+	CUresult r = sop__init();
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!pool)
+		return CUDA_ERROR_INVALID_VALUE;
+	r = location_check(location, type);
+	if (r != CUDA_SUCCESS)
+		return r;
+	/* Default pools are never destroyed: no pin. */
+	r = location->type == CU_MEM_LOCATION_TYPE_DEVICE ? sop__default_pool(location->id, &p)
+							   : sop__host_default_pool(location, &p);
+	if (r == CUDA_SUCCESS)
+		*pool = sop__pool_handle(p);
+	return r;
+}
+
+SOP_API CUresult
+sop_mem_get_pool(sop_pool_t *pool, const CUmemLocation *location, CUmemAllocationType type)
+{
+	struct sop__pin *pin;
+	struct sop_pool *p;
+	CUresult r = sop__init();
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!pool)
+		return CUDA_ERROR_INVALID_VALUE;
+	r = location_check(location, type);
+	if (r != CUDA_SUCCESS)
+		return r;
+	pin = sop__pin();
+	r = location->type == CU_MEM_LOCATION_TYPE_DEVICE ? sop__current_pool(location->id, &p)
+							   : sop__host_current_pool(location, &p);
+	if (r == CUDA_SUCCESS)
+		*pool = sop__pool_handle(p);
+	sop__unpin(pin);
+	return r;
+}
+
+SOP_API CUresult
+sop_mem_set_pool(const CUmemLocation *location, CUmemAllocationType type, sop_pool_t pool)
+{
+	struct sop__pin *pin;
+	struct sop_pool *p;
+	CUresult r = sop__init();
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = location_check(location, type);
+	if (r != CUDA_SUCCESS)
+		return r;
+	pin = sop__pin();
+	p = pool_usable(pool);
+	if (!p)
+		r = CUDA_ERROR_INVALID_VALUE;
+	else if (location->type == CU_MEM_LOCATION_TYPE_DEVICE)
+		r = sop__set_current_pool(location->id, p);
+	else
+		r = sop__host_set_current_pool(location, p);
+	sop__unpin(pin);
+	return r;
+}
+
+SOP_API CUresult
+sop_device_get_host_location(CUmemLocation *location, CUdevice device)
+{
+	CUmemLocation loc;
+	CUresult r = sop__init();
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!location)
+		return CUDA_ERROR_INVALID_VALUE;
+	r = sop__device_host_location(device, &loc);
+	if (r == CUDA_SUCCESS)
+		*location = loc;
+	return r;
+}
+
 /* ---- Device memory limits ---------------------------------------------------------------- */
 
 SOP_API CUresult
@@ -369,6 +481,9 @@ malloc_graph(void **ptr, size_t size, struct sop_pool *pool, CUstream stream)
 	CUdevice device;
 	CUresult r;
 
+	/* Graph memory is device memory: a host pool has none to give in a capture. */
+	if (pool && pool->host)
+		return CUDA_ERROR_NOT_SUPPORTED;
 	if (pool) {
 		r = sop__stream_device_of(stream, &device);
 		if (r != CUDA_SUCCESS)

@@ -37,7 +37,12 @@
  * first. */
 #define SOP_COMPACT_LOW_MAX ((size_t)2 << 20)
 #define SOP_COMPACT_PROBES 64
-/* Each pool reserves this many times the device's memory of virtual addresses. */
+/* Host locations with a default and a current pool (devices.c): HOST, and HOST_NUMA for nodes
+ * below SOP_NUMA_NODES. */
+#define SOP_NUMA_NODES 64
+#define SOP_HOST_SLOTS (1 + SOP_NUMA_NODES)
+/* Each pool reserves this many times the device's memory of virtual addresses (a host pool:
+ * the host's). */
 #define SOP_VA_FACTOR 4
 /* Reservations are aligned to and sized in units of this, the registry's granule. */
 #define SOP_VA_GRANULE_LOG2 30
@@ -493,7 +498,10 @@ struct sop_pool {
 	 * writes). */
 	uint64_t handle; /* its sop_pool_t: slot and generation (registry.c); never reused */
 	CUmemPoolProps props;
+	/* The device whose memory it holds; for a host pool, the device whose context its driver
+	 * calls are made in (the one current at its creation, else 0), which owns nothing. */
 	CUdevice device;
+	bool host; /* located on the host (HOST or HOST_NUMA): pinned host memory */
 	CUcontext ctx; /* the device's primary context, retained for driver calls */
 	bool is_default;
 	atomic_bool destroyed; /* sop_pool_destroy was called; torn down once empty */

@@ -2,6 +2,11 @@
  * and opened to the pool's devices in one call, handles whose release failed kept to be
  * released again, and the anchor that keeps the driver's page tables of an empty pool.
  *
+ * A host pool's pieces are host memory (cuMemCreate at the pool's HOST or HOST_NUMA location),
+ * mapped in its reservation like a device pool's and opened to the host CPU, the owner, with a
+ * descriptor of the pool's location type, and to the devices granted access. They count against
+ * no device's memory limit.
+ *
  * These functions make and give back driver objects; which range a piece takes, and what
  * blocks cover it, is segment.c's and grow.c's. (A release's unmap and release of a piece, in
  * the middle of reshaping the blocks over it, is release.c's.)
@@ -22,14 +27,15 @@ sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGenericA
 
 	/* Counted against the device's limit before the driver is asked, so that growths of
 	 * several pools at once never pass it together (limit.c). */
-	if (!sop__limit_charge(pool->device, size))
+	if (!pool->host && !sop__limit_charge(pool->device, size))
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
 	prop.location = pool->props.location;
 	prop.requestedHandleTypes = pool->props.handleTypes;
 	desc = calloc(pool->n_access + 1, sizeof *desc);
 	if (!desc) {
-		sop__limit_discharge(pool->device, size);
+		if (!pool->host)
+			sop__limit_discharge(pool->device, size);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	desc[0].location = pool->props.location;
@@ -52,9 +58,22 @@ unmap:
 release:
 	SOP_DRV(cuMemRelease)(*h);
 out:
-	if (r != CUDA_SUCCESS)
+	if (r != CUDA_SUCCESS && !pool->host)
 		sop__limit_discharge(pool->device, size);
 	free(desc);
+	return r;
+}
+
+/* Create one physical allocation of size bytes with prop and release it at once: whether the
+ * driver makes memory there, in its own words. Context current. */
+CUresult
+sop__piece_probe(const CUmemAllocationProp *prop, size_t size)
+{
+	CUmemGenericAllocationHandle h;
+	CUresult r = SOP_DRV(cuMemCreate)(&h, size, prop, 0);
+
+	if (r == CUDA_SUCCESS)
+		SOP_DRV(cuMemRelease)(h);
 	return r;
 }
 
@@ -117,7 +136,11 @@ sop__anchor_make(struct sop_pool *pool)
 		SOP_DRV(cuMemRelease)(h);
 		return;
 	}
+	/* Read access for the owner: a host pool's is the CPU, with the descriptor for HOST
+	 * memory (a HOST_NUMA one is refused for it). */
 	desc.location = pool->props.location;
+	if (pool->host)
+		desc.location.type = CU_MEM_LOCATION_TYPE_HOST;
 	desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
 	if (SOP_DRV(cuMemSetAccess)(pool->va_base, pool->granularity, &desc, 1) != CUDA_SUCCESS) {
 		SOP_DRV(cuMemUnmap)(pool->va_base, pool->granularity);

@@ -89,6 +89,7 @@ static struct {
 	__typeof__(sop_device_set_memory_limit) *device_set_memory_limit;
 	__typeof__(sop_device_get_memory_limit) *device_get_memory_limit;
 	__typeof__(sim_calls) *sim_calls;
+	__typeof__(sim_host_vmm) *sim_host_vmm;
 } api;
 
 static bool sim;
@@ -212,6 +213,7 @@ setup(void)
 	LOAD(device_set_memory_limit, "sop_device_set_memory_limit");
 	LOAD(device_get_memory_limit, "sop_device_get_memory_limit");
 	LOAD(sim_calls, "sim_calls");
+	LOAD(sim_host_vmm, "sim_host_vmm");
 	if (!api.driver_calls) {
 		fprintf(stderr, "libsop-preload.so is not loaded: run it under sop-run\n");
 		exit(1);
@@ -915,34 +917,58 @@ test_pools(void)
 	EQ(drv_calls("cuMemPoolGetAttribute"), d);
 	OK(api.device_get_default_pool(&sp, 0));
 
-	/* Pools on the host are the driver's, and calls on their handles go there. */
-	d = drv_calls("cuMemGetDefaultMemPool");
+	/* Pools on the host are sop's where the driver makes host memory through the virtual
+	 * memory calls (the simulated one does): the driver's pool calls are not reached. */
+	d = drv_calls("cuMemGetDefaultMemPool") + drv_calls("cuMemPoolCreate");
 	r = cuMemGetDefaultMemPool(&hp, &host, CU_MEM_ALLOCATION_TYPE_PINNED);
 	if (sim) {
 		OK(r);
-		EQ(drv_calls("cuMemGetDefaultMemPool"), d + 1);
-	}
-	if (r == CUDA_SUCCESS) {
-		d = drv_calls("cuMemPoolGetAttribute");
-		OK(cuMemPoolGetAttribute(hp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v));
-		if (sim)
-			EQ(drv_calls("cuMemPoolGetAttribute"), d + 1);
-		/* sop serves device 0: a driver's pool cannot become its current pool. */
-		EQ(cuDeviceSetMemPool(0, hp), CUDA_ERROR_NOT_SUPPORTED);
+		OK(api.pool_get_compaction((sop_pool_t)(void *)hp, &compact));
+		/* A host pool is no device's current pool. */
+		EQ(cuDeviceSetMemPool(0, hp), CUDA_ERROR_INVALID_VALUE);
 		OK(cuMemGetMemPool(&cur, &host, CU_MEM_ALLOCATION_TYPE_PINNED));
+		CHECK(cur == hp);
 	}
-	d = drv_calls("cuMemPoolCreate");
 	r = cuMemPoolCreate(&hpool, &host_props);
 	if (sim) {
 		OK(r);
-		EQ(drv_calls("cuMemPoolCreate"), d + 1);
+		EQ(drv_calls("cuMemGetDefaultMemPool") + drv_calls("cuMemPoolCreate"), d);
 	}
-	if (r == CUDA_SUCCESS) {
+	if (r == CUDA_SUCCESS && api.pool_get_compaction((sop_pool_t)(void *)hpool, &compact) ==
+				     CUDA_SUCCESS) {
+		OK(cuMemSetMemPool(&host, CU_MEM_ALLOCATION_TYPE_PINNED, hpool));
+		OK(cuMemGetMemPool(&cur, &host, CU_MEM_ALLOCATION_TYPE_PINNED));
+		CHECK(cur == hpool);
+		OK(cuMemAllocFromPoolAsync(&x, 4096, hpool, s1));
+		CHECK(pool_of(x) == hpool);
+		OK(cuStreamSynchronize(s1));
+		memset((void *)(uintptr_t)x, 0x3c, 4096); /* the CPU's, after the allocation */
+		OK(cuMemFreeAsync(x, s1));
+		OK(cuMemPoolSetAttribute(hpool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold));
+		OK(cuMemPoolGetAttribute(hpool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v));
+		EQ(v, threshold);
+		OK(cuStreamSynchronize(s1));
+		OK(cuMemPoolTrimTo(hpool, 0));
+		EQ(attr(hpool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+		OK(cuMemPoolDestroy(hpool));
+		/* Destroying the current pool makes the default current again. */
+		OK(cuMemGetMemPool(&cur, &host, CU_MEM_ALLOCATION_TYPE_PINNED));
+		CHECK(cur == hp);
+	} else if (r == CUDA_SUCCESS) {
+		OK(cuMemPoolDestroy(hpool));
+	}
+
+	/* Where the driver cannot make host memory so (the simulated one told to answer as such a
+	 * driver), host pools are the driver's, and calls on their handles go there. */
+	if (api.sim_host_vmm) {
+		api.sim_host_vmm(0);
+		d = drv_calls("cuMemPoolCreate");
+		OK(cuMemPoolCreate(&hpool, &host_props));
+		EQ(drv_calls("cuMemPoolCreate"), d + 1);
 		d = drv_calls("cuMemAllocFromPoolAsync");
 		OK(cuMemAllocFromPoolAsync(&x, 4096, hpool, s1));
 		driver_pool_allocs++;
-		if (sim)
-			EQ(drv_calls("cuMemAllocFromPoolAsync"), d + 1);
+		EQ(drv_calls("cuMemAllocFromPoolAsync"), d + 1);
 		CHECK(pool_of(x) == NULL);
 		OK(cuMemFreeAsync(x, s1));
 		OK(cuMemPoolSetAttribute(hpool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold));
@@ -952,13 +978,13 @@ test_pools(void)
 		OK(cuStreamSynchronize(s1));
 		d = drv_calls("cuMemPoolDestroy");
 		OK(cuMemPoolDestroy(hpool));
-		if (sim)
-			EQ(drv_calls("cuMemPoolDestroy"), d + 1);
+		EQ(drv_calls("cuMemPoolDestroy"), d + 1);
 		/* Once destroyed, the handle is nobody's: sop refuses it. */
 		d = drv_calls("cuMemPoolGetAttribute");
 		EQ(cuMemPoolGetAttribute(hpool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v),
 		   CUDA_ERROR_INVALID_VALUE);
 		EQ(drv_calls("cuMemPoolGetAttribute"), d);
+		api.sim_host_vmm(1);
 	}
 
 	/* IPC is not sop's yet: its pools and memory refuse it, and the driver never sees them. */
