@@ -50,6 +50,7 @@ th_init(void)
 	TH_LOAD(dl, cuMemcpyDtoHAsync);
 	TH_LOAD(dl, cuMemcpyHtoDAsync);
 	TH_LOAD(dl, cuMemcpyDtoDAsync);
+	TH_LOAD(dl, cuMemcpyAsync);
 	TH_LOAD(dl, cuCtxCreate);
 	TH_LOAD(dl, cuCtxDestroy);
 	TH_LOAD(dl, cuCtxPushCurrent);
@@ -75,6 +76,7 @@ th_init(void)
 	TH_LOAD(dl, sim_fail_rate);
 	TH_LOAD(dl, sim_fail_seed);
 	TH_LOAD(dl, sim_fails);
+	TH_LOAD(dl, sim_host_vmm);
 	th_is_sim = th.sim_fail != NULL;
 	th_n_devices = sop__device_count();
 	TH_OK(sop__drv.cuDevicePrimaryCtxRetain(&ctx, 0));

@@ -64,6 +64,7 @@ struct th_driver {
 	__typeof__(cuMemcpyDtoHAsync) *cuMemcpyDtoHAsync;
 	__typeof__(cuMemcpyHtoDAsync) *cuMemcpyHtoDAsync;
 	__typeof__(cuMemcpyDtoDAsync) *cuMemcpyDtoDAsync;
+	__typeof__(cuMemcpyAsync) *cuMemcpyAsync;
 	__typeof__(cuCtxCreate) *cuCtxCreate;
 	__typeof__(cuCtxDestroy) *cuCtxDestroy;
 	__typeof__(cuCtxPushCurrent) *cuCtxPushCurrent;
@@ -90,6 +91,7 @@ struct th_driver {
 	__typeof__(sim_fail_rate) *sim_fail_rate;
 	__typeof__(sim_fail_seed) *sim_fail_seed;
 	__typeof__(sim_fails) *sim_fails;
+	__typeof__(sim_host_vmm) *sim_host_vmm;
 };
 
 extern struct th_driver th;
