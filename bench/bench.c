@@ -74,6 +74,10 @@ static const struct workload workloads[] = {
     {"fragmentation", "log-uniform sizes 1 B..128 MiB, up to 8 GiB live, fresh pools",
      wl_fragmentation},
     {"growth", "first allocation on a fresh pool; regrowth with release threshold 0", wl_growth},
+    {"host",
+     "pinned host memory: alloc+free pairs, copy bandwidth, a staging pipeline; sop's host pool "
+     "against cuMemHostAlloc, the driver's host pool and an event cache",
+     wl_host},
     {"replay", "allocation traces replayed in their global order", wl_replay},
 };
 #define N_WORKLOADS (sizeof workloads / sizeof *workloads)
@@ -688,7 +692,9 @@ static unsigned
 parse_sides(const char *arg)
 {
 	char buf[256], *tok, *save = NULL;
-	unsigned mask = SIDE_BIT(SIDE_SOP) | SIDE_BIT(SIDE_IDEAL);
+	/* The host workload's own baselines are not named: always on. */
+	unsigned mask = SIDE_BIT(SIDE_SOP) | SIDE_BIT(SIDE_IDEAL) | SIDE_BIT(SIDE_HOSTALLOC) |
+			SIDE_BIT(SIDE_EVCACHE) | SIDE_BIT(SIDE_PAGEABLE);
 	int k;
 
 	snprintf(buf, sizeof buf, "%s", arg);

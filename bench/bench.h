@@ -69,7 +69,12 @@
 	X(cuMemRelease)                                                                            \
 	X(cuMemMap)                                                                                \
 	X(cuMemUnmap)                                                                              \
-	X(cuMemSetAccess)
+	X(cuMemSetAccess)                                                                          \
+	X(cuMemHostAlloc)                                                                          \
+	X(cuMemFreeHost)                                                                           \
+	X(cuMemcpyAsync)                                                                           \
+	X(cuEventQuery)                                                                            \
+	X(cuMemPoolSetAccess)
 
 struct bench_driver {
 #define BENCH_X(name) __typeof__(name) *name;
@@ -101,6 +106,10 @@ enum side_kind {
 	SIDE_POOL,    /* cuMemAllocFromPoolAsync on a pool from cuMemPoolCreate */
 	SIDE_DEFAULT, /* cuMemAllocAsync on the device's default pool */
 	SIDE_IDEAL,   /* the same work with no allocator (streams, handoff, growth) */
+	/* Pinned host memory (the host workload): */
+	SIDE_HOSTALLOC, /* cuMemHostAlloc and cuMemFreeHost per use */
+	SIDE_EVCACHE,   /* cuMemHostAlloc blocks cached by hand, one event per use */
+	SIDE_PAGEABLE,  /* malloc'd memory, not pinned (copies only) */
 	N_SIDES
 };
 #define SIDE_BIT(k) (1u << (k))
@@ -286,6 +295,7 @@ void wl_streams(void);
 void wl_handoff(void);
 void wl_fragmentation(void);
 void wl_growth(void);
+void wl_host(void);
 void wl_replay(void);
 
 #endif /* SOP_BENCH_H */

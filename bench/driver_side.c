@@ -21,7 +21,9 @@
 struct bench_driver drv;
 struct bench_env env;
 
-const char *const side_names[N_SIDES] = {"sop", "driver", "driver-default", "no-alloc"};
+const char *const side_names[N_SIDES] = {"sop",	     "driver",	     "driver-default",
+					 "no-alloc", "cuMemHostAlloc", "event-cache",
+					 "pageable"};
 
 static void *driver_dl;
 static CUmodule module;

@@ -1528,3 +1528,500 @@ wl_growth(void)
 	sides_close(sd, n_sides);
 	stream_free(s);
 }
+
+/* ---- host ----------------------------------------------------------------------------------- */
+
+/* Pinned host memory, four ways: sop's host pool (SIDE_SOP), the driver's host-location pool
+ * (SIDE_POOL), cuMemHostAlloc and cuMemFreeHost per use (SIDE_HOSTALLOC), and cuMemHostAlloc
+ * blocks cached by hand the way frameworks do (SIDE_EVCACHE: sizes rounded up to a power of two,
+ * one event recorded at each free, a block reused once its event has completed; PyTorch's
+ * CachingHostAllocator). Copies also from pageable memory (SIDE_PAGEABLE). */
+
+/* The event cache. */
+struct evblock {
+	void *p;
+	size_t size;
+	CUevent ev;
+	bool busy;
+};
+
+struct evcache {
+	struct evblock *b;
+	size_t n, cap;
+	size_t held; /* bytes pinned */
+};
+
+static CUresult
+evcache_alloc(struct evcache *c, void **p, size_t size)
+{
+	size_t want = 1, i;
+	CUresult r;
+
+	while (want < size)
+		want <<= 1;
+	for (i = 0; i < c->n; i++) {
+		struct evblock *b = &c->b[i];
+
+		/* The event is asked only for a free block of the right size. */
+		if (!b->busy && b->size == want && drv.cuEventQuery(b->ev) == CUDA_SUCCESS) {
+			b->busy = true;
+			*p = b->p;
+			return CUDA_SUCCESS;
+		}
+	}
+	if (c->n == c->cap) {
+		c->cap = c->cap ? 2 * c->cap : 16;
+		c->b = realloc(c->b, c->cap * sizeof *c->b);
+		if (!c->b) {
+			fprintf(stderr, "sop-bench: out of host memory\n");
+			exit(1);
+		}
+	}
+	r = drv.cuMemHostAlloc(p, want, 0);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = drv.cuEventCreate(&c->b[c->n].ev, CU_EVENT_DISABLE_TIMING);
+	if (r != CUDA_SUCCESS)
+		return r;
+	c->b[c->n].p = *p;
+	c->b[c->n].size = want;
+	c->b[c->n].busy = true;
+	c->n++;
+	c->held += want;
+	return CUDA_SUCCESS;
+}
+
+static CUresult
+evcache_free(struct evcache *c, void *p, CUstream s)
+{
+	size_t i;
+
+	for (i = 0; i < c->n; i++) {
+		if (c->b[i].p == p) {
+			c->b[i].busy = false;
+			return drv.cuEventRecord(c->b[i].ev, s);
+		}
+	}
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+static void
+evcache_drop(struct evcache *c)
+{
+	size_t i;
+
+	CHECK(drv.cuCtxSynchronize());
+	for (i = 0; i < c->n; i++) {
+		CHECK(drv.cuEventDestroy(c->b[i].ev));
+		CHECK(drv.cuMemFreeHost(c->b[i].p));
+	}
+	free(c->b);
+	memset(c, 0, sizeof *c);
+}
+
+/* A host side of the workload, open for use. */
+struct hside {
+	enum side_kind kind;
+	sop_pool_t sop;
+	CUmemoryPool pool;
+	struct evcache cache;
+};
+
+static bool
+hostalloc_ok(void)
+{
+	return drv.cuMemHostAlloc && drv.cuMemFreeHost && drv.cuEventQuery;
+}
+
+/* Open a side; false where the machine lacks it. Pools keep what they reserve (threshold
+ * UINT64_MAX) and do not make a stream wait for another's frees (internal dependencies off),
+ * so that a block the CPU is handed is one whose last use has completed. Every device may reach
+ * the memory of pools. */
+static bool
+hside_open(struct hside *h, enum side_kind kind)
+{
+	CUmemPoolProps props;
+	CUmemAccessDesc d;
+	cuuint64_t keep = UINT64_MAX;
+	int off = 0;
+
+	memset(h, 0, sizeof *h);
+	h->kind = kind;
+	memset(&props, 0, sizeof props);
+	props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+	props.location.type = CU_MEM_LOCATION_TYPE_HOST;
+	memset(&d, 0, sizeof d);
+	d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	d.location.id = env.dev;
+	d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	switch (kind) {
+	case SIDE_SOP:
+		if (sop_pool_create(&h->sop, &props) != CUDA_SUCCESS)
+			return false;
+		CHECK(sop_pool_set_attr(h->sop, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+		CHECK(sop_pool_set_attr(h->sop, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+					&off));
+		CHECK(sop_pool_set_access(h->sop, &d, 1));
+		return true;
+	case SIDE_POOL:
+		if (!env.pools || !(opts.sides & SIDE_BIT(SIDE_POOL)) || !drv.cuMemPoolSetAccess ||
+		    drv.cuMemPoolCreate(&h->pool, &props) != CUDA_SUCCESS)
+			return false;
+		CHECK(drv.cuMemPoolSetAttribute(h->pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+		CHECK(drv.cuMemPoolSetAttribute(
+			h->pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off));
+		CHECK(drv.cuMemPoolSetAccess(h->pool, &d, 1));
+		return true;
+	case SIDE_HOSTALLOC:
+	case SIDE_EVCACHE:
+		return hostalloc_ok();
+	case SIDE_PAGEABLE:
+		return true;
+	default:
+		return false;
+	}
+}
+
+static void
+hside_close(struct hside *h)
+{
+	CHECK(sop_ctx_synchronize());
+	CHECK(drv.cuCtxSynchronize());
+	if (h->kind == SIDE_SOP)
+		CHECK(sop_pool_destroy(h->sop));
+	else if (h->kind == SIDE_POOL)
+		CHECK(drv.cuMemPoolDestroy(h->pool));
+	else if (h->kind == SIDE_EVCACHE)
+		evcache_drop(&h->cache);
+}
+
+/* Allocate for use on stream s (the CPU's use too, once s's work before it has completed). */
+static CUresult
+hside_alloc(struct hside *h, void **p, size_t size, CUstream s)
+{
+	CUdeviceptr d;
+	CUresult r;
+
+	switch (h->kind) {
+	case SIDE_SOP:
+		return sop_malloc_from_pool_async(p, size, h->sop, s);
+	case SIDE_POOL:
+		r = drv.cuMemAllocFromPoolAsync(&d, size, h->pool, s);
+		if (r == CUDA_SUCCESS)
+			*p = (void *)(uintptr_t)d;
+		return r;
+	case SIDE_HOSTALLOC:
+		return drv.cuMemHostAlloc(p, size, 0);
+	case SIDE_EVCACHE:
+		return evcache_alloc(&h->cache, p, size);
+	default:
+		*p = malloc(size);
+		return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+	}
+}
+
+/* Free after the work on s that uses p: in stream order, at the event, or (cuMemFreeHost,
+ * malloc) once s has finished it. */
+static CUresult
+hside_free(struct hside *h, void *p, CUstream s)
+{
+	switch (h->kind) {
+	case SIDE_SOP:
+		return sop_free_async(p, s);
+	case SIDE_POOL:
+		return drv.cuMemFreeAsync((CUdeviceptr)(uintptr_t)p, s);
+	case SIDE_HOSTALLOC:
+		CHECK(drv.cuStreamSynchronize(s));
+		return drv.cuMemFreeHost(p);
+	case SIDE_EVCACHE:
+		return evcache_free(&h->cache, p, s);
+	default:
+		CHECK(drv.cuStreamSynchronize(s));
+		free(p);
+		return CUDA_SUCCESS;
+	}
+}
+
+static CUresult
+hside_sync(struct hside *h, CUstream s)
+{
+	return h->kind == SIDE_SOP ? sop_stream_synchronize(s) : drv.cuStreamSynchronize(s);
+}
+
+/* Bytes of pinned memory the side holds now. */
+static double
+hside_held(struct hside *h, size_t batch)
+{
+	cuuint64_t v = 0;
+
+	switch (h->kind) {
+	case SIDE_SOP:
+		CHECK(sop_pool_get_attr(h->sop, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &v));
+		return (double)v;
+	case SIDE_POOL:
+		CHECK(drv.cuMemPoolGetAttribute(h->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &v));
+		return (double)v;
+	case SIDE_EVCACHE:
+		return (double)h->cache.held;
+	default:
+		return (double)batch;
+	}
+}
+
+static void
+host_pairs(CUstream s)
+{
+	static const size_t full[] = {4 * KiB, 64 * KiB, MiB, 16 * MiB, 256 * MiB};
+	static const size_t quick[] = {4 * KiB, MiB, 64 * MiB};
+	static const size_t smoke[] = {4 * KiB, MiB};
+	static const enum side_kind kinds[] = {SIDE_SOP, SIDE_POOL, SIDE_HOSTALLOC, SIDE_EVCACHE};
+	struct list sizes = list_pick(&opts.sizes, full, N_OF(full), quick, N_OF(quick), smoke,
+				      N_OF(smoke));
+	long iters = scaled(100000, 20000, 100);
+	struct hside h[N_OF(kinds)];
+	int n = 0, c, r, i, k;
+	char label[32];
+
+	for (k = 0; k < N_OF(kinds); k++)
+		if (hside_open(&h[n], kinds[k]))
+			n++;
+	for (c = 0; c < sizes.n && budget_left("host"); c++) {
+		size_t size = sizes.v[c];
+		struct metric *m = metric_new("host", "alloc+free pair", fmt_size(label, sizeof label,
+										    size),
+					      "latency", "ns/pair", (double)size, false);
+
+		for (r = -1; r < opts.reps; r++) {
+			for (i = 0; i < n; i++) {
+				/* cuMemHostAlloc pins at every call: milliseconds for large sizes,
+				 * so it runs fewer pairs. */
+				long it = h[i].kind == SIDE_HOSTALLOC
+						  ? (size >= 16 * MiB ? 3 : size >= MiB ? 20 : 200)
+						  : iters;
+				struct span sp;
+				void *p;
+				long j;
+
+				if (r < 0) /* untimed: the pools map, the cache fills */
+					it = it / 10 + 1;
+				span_begin(&sp, h[i].kind);
+				for (j = 0; j < it; j++) {
+					CHECK(hside_alloc(&h[i], &p, size, s));
+					CHECK(hside_free(&h[i], p, s));
+				}
+				if (r >= 0)
+					metric_add(m, h[i].kind,
+						   span_end(&sp, m, (double)it) / (double)it);
+				CHECK(hside_sync(&h[i], s));
+			}
+		}
+		metric_done(m);
+	}
+	for (i = 0; i < n; i++)
+		hside_close(&h[i]);
+}
+
+static void
+host_copies(CUstream s, sop_pool_t dev_pool)
+{
+	static const size_t full[] = {MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, GiB};
+	static const size_t quick[] = {MiB, 16 * MiB, 256 * MiB};
+	static const size_t smoke[] = {MiB};
+	static const enum side_kind kinds[] = {SIDE_SOP, SIDE_POOL, SIDE_HOSTALLOC, SIDE_PAGEABLE};
+	struct list sizes = list_pick(&opts.sizes, full, N_OF(full), quick, N_OF(quick), smoke,
+				      N_OF(smoke));
+	struct hside h[N_OF(kinds)];
+	int n = 0, c, r, i, k, dir;
+	char label[32];
+
+	for (k = 0; k < N_OF(kinds); k++)
+		if (hside_open(&h[n], kinds[k]))
+			n++;
+	for (c = 0; c < sizes.n && budget_left("host"); c++) {
+		size_t size = sizes.v[c];
+		long copies = size >= 256 * MiB ? 4 : size >= 16 * MiB ? 16 : 64;
+		void *host[N_OF(kinds)], *dev;
+
+		if (opts.level == LEVEL_SMOKE)
+			copies = 2;
+		if (size > mem_cap(GiB, 4))
+			break;
+		CHECK(sop_malloc_from_pool_async(&dev, size, dev_pool, s));
+		for (i = 0; i < n; i++) {
+			CHECK(hside_alloc(&h[i], &host[i], size, s));
+			CHECK(hside_sync(&h[i], s));
+			memset(host[i], 0x5a, size); /* every page touched before timing */
+		}
+		for (dir = 0; dir < 2; dir++) {
+			struct metric *m = metric_new(
+				"host", dir ? "copy device-to-host" : "copy host-to-device",
+				fmt_size(label, sizeof label, size), "bandwidth", "GB/s",
+				(double)size, true);
+
+			for (r = -1; r < opts.reps; r++) {
+				for (i = 0; i < n; i++) {
+					CUdeviceptr hp = (CUdeviceptr)(uintptr_t)host[i];
+					CUdeviceptr dp = (CUdeviceptr)(uintptr_t)dev;
+					double t0 = now_ns(), t;
+					long j;
+
+					for (j = 0; j < (r < 0 ? 1 : copies); j++)
+						CHECK(drv.cuMemcpyAsync(dir ? hp : dp, dir ? dp : hp,
+									size, s));
+					CHECK(drv.cuStreamSynchronize(s));
+					t = now_ns() - t0;
+					if (r >= 0)
+						metric_add(m, h[i].kind,
+							   (double)size * (double)copies / t);
+				}
+			}
+			metric_done(m);
+		}
+		for (i = 0; i < n; i++)
+			CHECK(hside_free(&h[i], host[i], s));
+		CHECK(sop_free_async(dev, s));
+		CHECK(sop_stream_synchronize(s));
+	}
+	for (i = 0; i < n; i++)
+		hside_close(&h[i]);
+}
+
+/* One batch of the staging pipeline: a pinned buffer, filled by the CPU, copied to the device
+ * on s, freed after the copy. The pools allocate on hs, a stream of the CPU's that runs no work:
+ * with internal dependencies off, a block freed on s comes back there only once its copy has
+ * completed, so the CPU may fill it as soon as hs is synchronized (at once, with nothing on it);
+ * s is then ordered after hs by an event. */
+static void
+staging_batch(struct hside *h, void *dev, size_t size, unsigned v, CUstream s, CUstream hs,
+	      CUevent ev)
+{
+	bool pool = h->kind == SIDE_SOP || h->kind == SIDE_POOL;
+	void *p;
+
+	CHECK(hside_alloc(h, &p, size, pool ? hs : s));
+	if (h->kind == SIDE_SOP)
+		CHECK(sop_stream_synchronize(hs));
+	else if (h->kind == SIDE_POOL)
+		CHECK(drv.cuStreamSynchronize(hs));
+	memset(p, (int)(v & 0xff), size);
+	if (h->kind == SIDE_SOP) {
+		CHECK(sop_event_record(ev, hs));
+		CHECK(sop_stream_wait_event(s, ev, 0));
+	} else if (h->kind == SIDE_POOL) {
+		CHECK(drv.cuEventRecord(ev, hs));
+		CHECK(drv.cuStreamWaitEvent(s, ev, 0));
+	}
+	CHECK(drv.cuMemcpyAsync((CUdeviceptr)(uintptr_t)dev, (CUdeviceptr)(uintptr_t)p, size, s));
+	CHECK(hside_free(h, p, s));
+}
+
+static void
+host_staging(CUstream s, sop_pool_t dev_pool)
+{
+	static const size_t full[] = {MiB, 16 * MiB};
+	static const size_t smoke[] = {MiB};
+	static const enum side_kind kinds[] = {SIDE_SOP, SIDE_POOL, SIDE_HOSTALLOC, SIDE_EVCACHE};
+	struct list sizes = list_pick(&opts.sizes, full, N_OF(full), full, N_OF(full), smoke,
+				      N_OF(smoke));
+	long batches = scaled(400, 100, 8);
+	struct hside h[N_OF(kinds)];
+	CUstream hs = stream_new();
+	CUevent ev;
+	int n = 0, c, r, i, k;
+	char label[32];
+
+	CHECK(drv.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+	for (k = 0; k < N_OF(kinds); k++)
+		if (hside_open(&h[n], kinds[k]))
+			n++;
+	for (c = 0; c < sizes.n && budget_left("host"); c++) {
+		size_t size = sizes.v[c];
+		struct metric *m = metric_new("host", "staging pipeline",
+					      fmt_size(label, sizeof label, size), "wall time",
+					      "us/batch", (double)size, false);
+		struct metric *held = metric_new("host", "staging pipeline",
+						 fmt_size(label, sizeof label, size),
+						 "pinned memory held", "MiB", (double)size, false);
+		void *dev;
+
+		CHECK(sop_malloc_from_pool_async(&dev, size, dev_pool, s));
+		CHECK(sop_stream_synchronize(s));
+		for (r = -1; r < opts.reps; r++) {
+			for (i = 0; i < n; i++) {
+				long b, nb = h[i].kind == SIDE_HOSTALLOC && size >= 16 * MiB
+						     ? batches / 10 + 1
+						     : batches;
+				struct span sp;
+
+				if (r < 0)
+					nb = nb / 10 + 1;
+				span_begin(&sp, h[i].kind);
+				for (b = 0; b < nb; b++)
+					staging_batch(&h[i], dev, size, (unsigned)b, s, hs, ev);
+				CHECK(hside_sync(&h[i], s));
+				if (r >= 0) {
+					metric_add(m, h[i].kind,
+						   span_end(&sp, m, (double)nb) / (double)nb / 1e3);
+					metric_add(held, h[i].kind,
+						   hside_held(&h[i], size) / (double)MiB);
+				}
+			}
+		}
+		metric_done(m);
+		metric_done(held);
+		CHECK(sop_free_async(dev, s));
+		CHECK(sop_stream_synchronize(s));
+	}
+	for (i = 0; i < n; i++)
+		hside_close(&h[i]);
+	CHECK(drv.cuEventDestroy(ev));
+	stream_free(hs);
+}
+
+void
+wl_host(void)
+{
+	CUmemPoolProps props;
+	sop_pool_t probe, dev_pool;
+	CUstream s;
+	CUresult r;
+
+	memset(&props, 0, sizeof props);
+	props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+	props.location.type = CU_MEM_LOCATION_TYPE_HOST;
+	r = sop_pool_create(&probe, &props);
+	if (r != CUDA_SUCCESS) {
+		note("host: sop makes no host pool here (the driver gave %d): skipped", (int)r);
+		return;
+	}
+	CHECK(sop_pool_destroy(probe));
+	if (!hostalloc_ok())
+		note("host: the driver lacks cuMemHostAlloc, cuMemFreeHost or cuEventQuery: "
+		     "cuMemHostAlloc and the event cache left out");
+	describe("Pinned host memory. Pairs: one stream, allocate and free the same size; sop's "
+		 "host pool and the driver's (release threshold UINT64_MAX) against "
+		 "cuMemHostAlloc+cuMemFreeHost per pair and an event cache of cuMemHostAlloc "
+		 "blocks (power-of-two sizes, an event recorded at each free, a block reused once "
+		 "its event completed). Copies: cuMemcpyAsync host-to-device and device-to-host "
+		 "between a device buffer and memory of sop's host pool, the driver's host pool, "
+		 "cuMemHostAlloc and malloc (pageable), one size at a time, GB/s of 1e9 bytes. "
+		 "Staging: per batch allocate a pinned buffer, fill it on the CPU, copy it to the "
+		 "device on a stream and free it after the copy; the pools allocate on a second, "
+		 "idle stream of the CPU's with internal dependencies off (a block comes back "
+		 "there once its copy has completed) and order the copy after it with an event; "
+		 "cuMemHostAlloc per batch synchronizes before cuMemFreeHost; the event cache "
+		 "records an event at the free. Wall time per batch, and the pinned memory each "
+		 "held at the end.");
+	s = stream_new();
+	memset(&props, 0, sizeof props);
+	props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+	props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	props.location.id = env.dev;
+	CHECK(sop_pool_create(&dev_pool, &props));
+	host_pairs(s);
+	host_copies(s, dev_pool);
+	host_staging(s, dev_pool);
+	CHECK(sop_ctx_synchronize());
+	CHECK(sop_pool_destroy(dev_pool));
+	stream_free(s);
+}

@@ -51,7 +51,7 @@
 	X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent) \
 	X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuCtxGetId) \
 	X(cuCtxGetStreamPriorityRange) \
-	X(cuMemGetInfo) \
+	X(cuMemGetInfo) X(cuMemHostAlloc) X(cuMemFreeHost) \
 	X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree) \
 	X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) \
 	X(cuMemGetAccess) X(cuMemExportToShareableHandle) \

@@ -922,6 +922,70 @@ cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
 	return rc;
 }
 
+/* ---- page-locked host memory (cuMemHostAlloc) ---- */
+
+/* Host memory the CPU and the sim's devices share anyway: an anonymous mapping, remembered so that
+ * cuMemFreeHost refuses anything else. */
+struct host_alloc {
+	struct host_alloc *next;
+	void *p;
+	size_t size;
+};
+
+static struct host_alloc *host_allocs;
+
+SIM_EXPORT CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+	const unsigned known = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
+			       CU_MEMHOSTALLOC_WRITECOMBINED;
+	struct host_alloc *a;
+	size_t size;
+	void *p;
+
+	SIM_ENTER(cuMemHostAlloc);
+	if (!pp || (Flags & ~known))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (bytesize == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	size = (bytesize + 4095) & ~(size_t)4095;
+	a = calloc(1, sizeof(*a));
+	p = a ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+	      : MAP_FAILED;
+	if (p == MAP_FAILED) {
+		free(a);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	a->p = p;
+	a->size = size;
+	pthread_mutex_lock(&vmm_lock);
+	a->next = host_allocs;
+	host_allocs = a;
+	pthread_mutex_unlock(&vmm_lock);
+	*pp = p;
+	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemFreeHost(void *p)
+{
+	struct host_alloc **link, *a = NULL;
+
+	SIM_ENTER(cuMemFreeHost);
+	pthread_mutex_lock(&vmm_lock);
+	for (link = &host_allocs; *link; link = &(*link)->next) {
+		if ((*link)->p == p) {
+			a = *link;
+			*link = a->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&vmm_lock);
+	if (!a)
+		return CUDA_ERROR_INVALID_VALUE;
+	munmap(a->p, a->size);
+	free(a);
+	return CUDA_SUCCESS;
+}
+
 /* ---- accounting ---- */
 
 size_t sim_vmm_device_used(int dev)
