@@ -386,7 +386,8 @@ op_pool_create(struct fuzzer *f)
 					       : (CUmemAllocationType)(3 + pick_n(f, 1000));
 		break;
 	case 2:
-		props.location.type = pick_n(f, 2) ? CU_MEM_LOCATION_TYPE_HOST
+		/* Host pools exist; a pool at "the calling thread's node" does not. */
+		props.location.type = pick_n(f, 2) ? CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT
 						   : (CUmemLocationType)(99 + pick_n(f, 1000));
 		break;
 	case 3:
