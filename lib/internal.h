@@ -464,8 +464,9 @@ struct sop__stream **sop__stream_all(uint64_t ctx_id, size_t *n);
 /* Records in the table, for tests. */
 size_t sop__streams_live(void);
 /* The stream with this id, which stream names now, is about to be destroyed: a last probe
- * covers its frees, so that they become reusable once its work is done. Pinned. */
-void sop__stream_ending(CUstream stream, uint64_t id);
+ * covers its frees, so that they become reusable once its work is done. Returns its record
+ * (readable while pinned), or NULL if it has none: then no pool holds anything of it. Pinned. */
+struct sop__stream *sop__stream_ending(CUstream stream, uint64_t id);
 /* The device of the stream with this id, which stream names now (cached per thread). Pinned. */
 CUresult sop__stream_device(CUstream stream, uint64_t id, CUdevice *device);
 /* More than one stream has been seen: observing completion can pay off. */
@@ -617,9 +618,9 @@ CUresult sop__pool_trim(struct sop_pool *pool, size_t keep);
 /* Synchronize, then make the frees the synchronization covered reusable by every stream and
  * apply the release thresholds of the pools concerned. */
 CUresult sop__sync_stream(CUstream stream);
-/* The stream with this id is about to be destroyed: every pool's state for it may be retired as
- * soon as nothing is cached or allocated on it. Pinned. */
-void sop__pools_stream_gone(uint64_t id);
+/* The stream of st (sop__stream_ending) is about to be destroyed: every pool's state for it may
+ * be retired as soon as nothing is cached or allocated on it. Pinned. */
+void sop__pools_stream_gone(struct sop__stream *st);
 CUresult sop__sync_ctx(void);
 CUresult sop__sync_event(CUevent event);
 

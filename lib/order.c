@@ -223,6 +223,24 @@ stream_hash(uint64_t id)
 	return (unsigned)(id * 0x9E3779B97F4A7C15u >> 40);
 }
 
+/* This thread's cache of what the driver said of contexts, by id (a context's handle value is
+ * reused once it is destroyed; its id never is): a record for each new stream would otherwise
+ * push and pop its context to ask the device, and take the primary contexts' lock, where a
+ * thread pool whose tasks each bring a stream has one context. What is cached never changes:
+ * a context's device, and whether it is the primary context, which sop keeps alive. */
+#define CTX_CACHE 4
+
+struct ctx_cache {
+	struct {
+		uint64_t id; /* 0: empty */
+		CUdevice device;
+		bool primary;
+	} e[CTX_CACHE];
+	unsigned next;
+};
+
+static __thread struct ctx_cache ccache __attribute__((tls_model("initial-exec")));
+
 /* What the driver says of a stream seen for the first time: its context, the context's id and
  * device, and whether it is the device's primary context (probes are recorded only there). */
 static CUresult
@@ -232,12 +250,21 @@ stream_describe(CUstream stream, struct sop__stream *st)
 	CUcontext ctx = NULL, primary = NULL, popped;
 	CUdevice device = 0;
 	CUresult r;
+	unsigned i;
 
 	r = SOP_DRV(cuStreamGetCtx)(stream, &ctx);
 	if (r == CUDA_SUCCESS)
 		r = SOP_DRV(cuCtxGetId)(ctx, &ctx_id);
-	if (r == CUDA_SUCCESS)
-		r = SOP_DRV(cuCtxPushCurrent)(ctx);
+	if (r != CUDA_SUCCESS)
+		return r;
+	for (i = 0; i < CTX_CACHE; i++) {
+		if (ccache.e[i].id == ctx_id && ctx_id) {
+			device = ccache.e[i].device;
+			st->probes_ok = ccache.e[i].primary;
+			goto done;
+		}
+	}
+	r = SOP_DRV(cuCtxPushCurrent)(ctx);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = SOP_DRV(cuCtxGetDevice)(&device);
@@ -246,10 +273,15 @@ stream_describe(CUstream stream, struct sop__stream *st)
 		r = sop__driver_primary(device, &primary);
 	if (r != CUDA_SUCCESS)
 		return r;
+	st->probes_ok = primary == ctx;
+	i = ccache.next++ % CTX_CACHE;
+	ccache.e[i].id = ctx_id;
+	ccache.e[i].device = device;
+	ccache.e[i].primary = st->probes_ok;
+done:
 	st->ctx = ctx;
 	st->ctx_id = ctx_id;
 	st->device = device;
-	st->probes_ok = primary == ctx;
 	return CUDA_SUCCESS;
 }
 
@@ -277,6 +309,46 @@ stream_find_locked(unsigned h, uint64_t id)
 	return NULL;
 }
 
+/* Probe events of records that were freed, kept for the next records: a thread pool whose tasks
+ * each bring a stream would otherwise create and destroy a few events per task, and the driver's
+ * event creation and destruction do not scale across threads. An event is reused only in the
+ * context it was made in, a primary one that sop keeps alive. A spare may still be pending on
+ * the GPU, recorded on a stream that is gone: nothing asks about that record any more (its
+ * record is freed), the next record replaces it, and a wait made on it earlier waits for what
+ * it captured then. At most as many spares as the records of a sweep hold: a sweep frees the
+ * records of a few hundred streams at once. */
+#define SPARE_EVENTS (SOP_PROBES * SWEEP_MIN) /* what a sweep of a thread pool's records frees */
+
+static struct {
+	pthread_mutex_t lock;
+	unsigned n;
+	struct {
+		CUcontext ctx;
+		CUevent ev;
+	} e[SPARE_EVENTS];
+} spares = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Give st's empty probe slots spare events of its context, in one acquisition of the lock: a
+ * record that needs one probe usually needs more. st's lock held. */
+static void
+spares_take(struct sop__stream *st)
+{
+	unsigned i, k = 0;
+
+	pthread_mutex_lock(&spares.lock);
+	for (i = spares.n; i-- > 0 && k < SOP_PROBES;) {
+		if (spares.e[i].ctx != st->ctx)
+			continue;
+		while (k < SOP_PROBES && st->probe[k].ev)
+			k++;
+		if (k == SOP_PROBES)
+			break;
+		st->probe[k].ev = spares.e[i].ev;
+		spares.e[i] = spares.e[--spares.n];
+	}
+	pthread_mutex_unlock(&spares.lock);
+}
+
 static void
 stream_free(struct sop__retired *r)
 {
@@ -285,6 +357,15 @@ stream_free(struct sop__retired *r)
 
 	/* The context is a primary one sop retains: its events are still there. A record of
 	 * another context never made any. */
+	pthread_mutex_lock(&spares.lock);
+	for (k = 0; k < SOP_PROBES; k++) {
+		if (st->probe[k].ev && spares.n < SPARE_EVENTS) {
+			spares.e[spares.n].ctx = st->ctx;
+			spares.e[spares.n++].ev = st->probe[k].ev;
+			st->probe[k].ev = NULL;
+		}
+	}
+	pthread_mutex_unlock(&spares.lock);
 	for (k = 0; k < SOP_PROBES; k++)
 		if (st->probe[k].ev)
 			SOP_DRV(cuEventDestroy)(st->probe[k].ev);
@@ -542,6 +623,8 @@ probe_record(struct sop__stream *st, CUstream handle)
 	/* Never in a capture, where the record would be a node of the graph and the event one that
 	 * cannot be queried: the handle was checked in this call (sop__stream_id), which finds a
 	 * capturing stream wherever one may be. */
+	if (!p->ev)
+		spares_take(st);
 	if (!p->ev) {
 		r = SOP_DRV(cuCtxPushCurrent)(st->ctx);
 		if (r != CUDA_SUCCESS)
@@ -708,7 +791,7 @@ sop__stream_prove(struct sop__stream *st)
 	return atomic_load(&st->done);
 }
 
-void
+struct sop__stream *
 sop__stream_ending(CUstream stream, uint64_t id)
 {
 	unsigned h = stream_hash(id), sh = h % STREAM_SHARDS;
@@ -719,4 +802,5 @@ sop__stream_ending(CUstream stream, uint64_t id)
 	pthread_mutex_unlock(&shards[sh].lock);
 	if (st)
 		sop__probe_all_frees(st, stream);
+	return st;
 }

@@ -783,9 +783,11 @@ sop_stream_destroy(CUstream stream)
 		return r;
 	/* The special streams cannot be destroyed: the driver says so. */
 	if (!sop__stream_special(stream) && sop__stream_id(stream, &id) == CUDA_SUCCESS) {
+		struct sop__stream *st;
+
 		pin = sop__pin();
-		sop__stream_ending(stream, id);
-		sop__pools_stream_gone(id);
+		if ((st = sop__stream_ending(stream, id)))
+			sop__pools_stream_gone(st);
 		sop__unpin(pin);
 	}
 	return SOP_DRV(cuStreamDestroy)(stream);

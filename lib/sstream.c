@@ -42,6 +42,7 @@ sstream_new(struct sop_pool *pool, uint64_t id, struct sop__stream *st)
 	ss->next = pool->streams;
 	pool->streams = ss;
 	pool->n_streams++;
+	sop__stream_pool_add(st, pool->handle);
 	return ss;
 }
 
@@ -197,6 +198,7 @@ sop__sstream_retire_idle(struct sop_pool *pool)
 			struct sop__sstream *expect = ss;
 			atomic_compare_exchange_strong(&pool->heap_user, &expect, NULL);
 		}
+		sop__stream_pool_drop(ss->st, pool->handle);
 		sop__stream_release(ss->st);
 		sop__epoch_retire(&ss->retired, sstream_free, false);
 	}
@@ -211,6 +213,7 @@ sop__sstream_destroy_all(struct sop_pool *pool)
 
 	while ((ss = pool->streams)) {
 		pool->streams = ss->next;
+		sop__stream_pool_drop(ss->st, pool->handle);
 		sop__stream_release(ss->st);
 		free(ss);
 	}

@@ -36,6 +36,26 @@ sstream_disown_if_idle(struct sop_pool *pool, struct sop__sstream *ss)
 		sop__segments_disown(pool, ss, used > 0 ? (size_t)used : 0);
 }
 
+/* Whether a synchronization has anything to do in pool: a state of a stream it marked to flush,
+ * a threshold to apply, a pressure to end, a destroyed pool to tear down. A pool it does not
+ * concern is not locked: a thread pool whose tasks each synchronize a stream of their own would
+ * otherwise take every pool's lock at every task. Read without the lock, pinned: a state made
+ * meanwhile holds no free the marks cover (sop__stream_pool_add), and memory that a pool's
+ * threshold would give back now was there before, for the synchronization that came first. */
+static bool
+sync_concerns(struct sop_pool *pool, const struct sync_mark *marks, size_t n)
+{
+	size_t k;
+
+	if (atomic_load(&pool->destroyed) || atomic_load(&pool->pressure) ||
+	    atomic_load(&pool->reserved) > atomic_load(&pool->release_threshold))
+		return true;
+	for (k = 0; k < n; k++)
+		if (sop__stream_in_pool(marks[k].st, pool->handle))
+			return true;
+	return false;
+}
+
 static void
 sync_complete(const struct sync_mark *marks, size_t n, bool retire)
 {
@@ -53,6 +73,8 @@ sync_complete(const struct sync_mark *marks, size_t n, bool retire)
 		struct sop_pool *pool = pools[i];
 		struct sop__sstream *ss;
 
+		if (!retire && !sync_concerns(pool, marks, n))
+			continue;
 		pthread_mutex_lock(&pool->lock);
 		if (atomic_load(&pool->dead)) {
 			pthread_mutex_unlock(&pool->lock);
@@ -76,23 +98,39 @@ sync_complete(const struct sync_mark *marks, size_t n, bool retire)
 	sop__epoch_reclaim();
 }
 
+/* The stream of st is gone: its state in pool may be retired. */
+static void
+pool_stream_gone(struct sop_pool *pool, uint64_t id)
+{
+	struct sop__sstream *ss;
+
+	pthread_mutex_lock(&pool->lock);
+	if (!atomic_load(&pool->dead) && (ss = sop__sstream_find(pool, id))) {
+		atomic_store_explicit(&ss->gone, true, memory_order_relaxed);
+		sop__segments_disown(pool, ss, 0);
+	}
+	pthread_mutex_unlock(&pool->lock);
+}
+
 void
-sop__pools_stream_gone(uint64_t id)
+sop__pools_stream_gone(struct sop__stream *st)
 {
 	struct sop_pool **pools;
 	size_t n_pools, i;
 
-	pools = sop__registry_snapshot(&n_pools);
-	for (i = 0; i < n_pools; i++) {
-		struct sop__sstream *ss;
-
-		pthread_mutex_lock(&pools[i]->lock);
-		if (!atomic_load(&pools[i]->dead) && (ss = sop__sstream_find(pools[i], id))) {
-			atomic_store_explicit(&ss->gone, true, memory_order_relaxed);
-			sop__segments_disown(pools[i], ss, 0);
+	/* Only the pools whose states hold the record: the few it names, or, past those, all. */
+	if (!atomic_load(&st->in_more)) {
+		for (i = 0; i < 2; i++) {
+			uint64_t h = atomic_load(&st->in_pool[i]);
+			struct sop_pool *pool = h ? sop__pool_lookup((sop_pool_t)(uintptr_t)h) : NULL;
+			if (pool)
+				pool_stream_gone(pool, st->id);
 		}
-		pthread_mutex_unlock(&pools[i]->lock);
+		return;
 	}
+	pools = sop__registry_snapshot(&n_pools);
+	for (i = 0; i < n_pools; i++)
+		pool_stream_gone(pools[i], st->id);
 	free(pools);
 }
 

@@ -427,6 +427,10 @@ struct sop__stream {
 	 * a probe (proven); claims, from events waited on (order.c says what proves them). */
 	struct sop__clock deps, claims;
 	atomic_uint n_order;      /* deps.n + claims.n, to read without the lock */
+	/* The pools whose states hold this record, by handle (0: none), and how many more there
+	 * are than fit: the stream's synchronization and destruction visit only those pools. */
+	_Atomic uint64_t in_pool[2];
+	atomic_uint in_more;
 	struct sop__stream *hash_next;
 	struct sop__retired retired;
 };
@@ -438,6 +442,43 @@ sop__stream_freed(struct sop__stream *st, uint64_t seq)
 {
 	if (atomic_load_explicit(&st->last_free, memory_order_relaxed) < seq)
 		atomic_store_explicit(&st->last_free, seq, memory_order_relaxed);
+}
+
+/* A state of the pool with this handle now holds st, or no longer does (sstream.c). Sequentially
+ * consistent: a synchronization that marked the stream after a free in that state, which came
+ * after the state was made, finds the pool here. */
+static inline void
+sop__stream_pool_add(struct sop__stream *st, uint64_t pool)
+{
+	unsigned i;
+
+	for (i = 0; i < 2; i++) {
+		uint64_t none = 0;
+		if (atomic_compare_exchange_strong(&st->in_pool[i], &none, pool))
+			return;
+	}
+	atomic_fetch_add(&st->in_more, 1);
+}
+
+static inline void
+sop__stream_pool_drop(struct sop__stream *st, uint64_t pool)
+{
+	unsigned i;
+
+	for (i = 0; i < 2; i++) {
+		uint64_t was = pool;
+		if (atomic_compare_exchange_strong(&st->in_pool[i], &was, 0))
+			return;
+	}
+	atomic_fetch_sub(&st->in_more, 1);
+}
+
+/* Whether a state of the pool with this handle may hold st. */
+static inline bool
+sop__stream_in_pool(struct sop__stream *st, uint64_t pool)
+{
+	return atomic_load(&st->in_pool[0]) == pool || atomic_load(&st->in_pool[1]) == pool ||
+	       atomic_load(&st->in_more) != 0;
 }
 
 /* ---- A pool's stream states (sstream.c) -------------------------------------------------- */

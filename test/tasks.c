@@ -1,0 +1,199 @@
+/* tasks.c - what a task that brings a stream of its own costs: the per-task work of the threads
+ * workload's stream-per-task variant (bench/workloads.c), counted rather than timed, since the
+ * counts do not depend on how many cores the machine has.
+ *
+ * A task makes a stream, keeps 32 blocks of random sizes from 1 B to 1 MiB live through 256
+ * replacements, frees them, synchronizes the stream and destroys it. Once a thread pool has run
+ * a few hundred tasks, what a task asks of the driver beyond its allocations and frees is the
+ * stream's context and the context's id, for its record: no probe events made or destroyed
+ * (spares of earlier records serve), no context pushed to ask its device (cached by context id).
+ * And a task's synchronization and destruction take no lock of a pool it did not use: another
+ * pool's lock, held by this thread meanwhile, does not stop a thread running tasks.
+ *
+ *   test-tasks [--report] [--tasks N]   (--report: driver calls per task, by entry point)
+ */
+#include <string.h>
+#include <time.h>
+
+#include "helpers.h"
+
+#define TASK_LIVE 32
+#define TASK_STEPS 256
+#define MAX_SIZE ((size_t)1 << 20)
+
+static struct {
+	bool report;
+	int tasks;
+} opt = {.tasks = 600};
+
+static uint64_t
+splitmix(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9E3779B97F4A7C15u);
+
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9u;
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EBu;
+	return z ^ (z >> 31);
+}
+
+static void
+task_run(sop_pool_t pool, long task)
+{
+	uint64_t rng = 0x7a5c0000u + (uint64_t)task;
+	void *p[TASK_LIVE];
+	CUstream s = th_stream();
+	int i;
+
+	for (i = 0; i < TASK_LIVE + TASK_STEPS; i++) {
+		uint64_t x = splitmix(&rng);
+		int k = i;
+
+		if (i >= TASK_LIVE) {
+			k = (int)(x % TASK_LIVE);
+			TH_OK(sop_free_async(p[k], s));
+		}
+		TH_OK(sop_malloc_from_pool_async(&p[k], 1 + (x >> 20) % MAX_SIZE, pool, s));
+	}
+	for (i = 0; i < TASK_LIVE; i++)
+		TH_OK(sop_free_async(p[i], s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_OK(sop_stream_destroy(s));
+}
+
+#define MAX_ENTRIES 128
+
+struct counts {
+	const char *names[MAX_ENTRIES];
+	unsigned long long n[MAX_ENTRIES];
+	size_t k;
+};
+
+static void
+counts_get(struct counts *c)
+{
+	c->k = MAX_ENTRIES;
+	TH_OK(sop_driver_calls(c->names, c->n, &c->k));
+}
+
+static unsigned long long
+per(const struct counts *a, const struct counts *b, const char *name)
+{
+	size_t i;
+
+	for (i = 0; i < b->k; i++)
+		if (!strcmp(b->names[i], name))
+			return b->n[i] - a->n[i];
+	TH_ASSERT(!"no such entry point");
+	return 0;
+}
+
+/* Tasks run by a thread of their own while the main thread holds another pool's lock. */
+struct runner {
+	CUcontext ctx;
+	sop_pool_t pool;
+	long first, n;
+	atomic_bool done;
+};
+
+static void *
+runner_main(void *arg)
+{
+	struct runner *r = arg;
+	long t;
+
+	TH_OK(th.cuCtxSetCurrent(r->ctx));
+	for (t = 0; t < r->n; t++)
+		task_run(r->pool, r->first + t);
+	atomic_store(&r->done, true);
+	return NULL;
+}
+
+/* A task takes no lock of a pool it did not use: run some while holding another pool's. */
+static void
+other_pool_untouched(sop_pool_t pool)
+{
+	sop_pool_t other = th_pool(0, 0);
+	uint64_t max = UINT64_MAX;
+	struct runner r = {.pool = pool, .first = 100000, .n = 50};
+	struct timespec ts = {0, 1000000};
+	CUstream s = th_stream();
+	pthread_t thread;
+	void *p;
+	int ms;
+
+	/* Memory and a stream state in it, within its threshold: nothing for a synchronization
+	 * of another stream to do there. */
+	TH_OK(sop_pool_set_attr(other, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &max));
+	TH_OK(sop_malloc_from_pool_async(&p, 4096, other, s));
+	TH_OK(sop__drv.cuCtxGetCurrent(&r.ctx));
+	pthread_mutex_lock(&TH_POOL(other)->lock);
+	TH_EQ(pthread_create(&thread, NULL, runner_main, &r), 0);
+	for (ms = 0; ms < 20000 && !atomic_load(&r.done); ms++)
+		nanosleep(&ts, NULL);
+	if (!atomic_load(&r.done)) {
+		fprintf(stderr, "tasks on one pool wait for another pool's lock\n");
+		exit(1);
+	}
+	pthread_mutex_unlock(&TH_POOL(other)->lock);
+	TH_EQ(pthread_join(thread, NULL), 0);
+	TH_OK(sop_free_async(p, s));
+	TH_OK(sop_stream_synchronize(s));
+	th_stream_destroy(s);
+	TH_OK(sop_pool_destroy(other));
+}
+
+int
+main(int argc, char **argv)
+{
+	struct counts a, b;
+	sop_pool_t pool;
+	uint64_t max = UINT64_MAX;
+	double n;
+	size_t i;
+	long t;
+	int k;
+
+	for (k = 1; k < argc; k++) {
+		if (!strcmp(argv[k], "--report"))
+			opt.report = true;
+		else if (!strcmp(argv[k], "--tasks") && k + 1 < argc)
+			opt.tasks = atoi(argv[++k]);
+	}
+	th_init();
+	pool = th_pool(0, 0);
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &max));
+	/* Past the first sweeps of stream records (order.c), whose probe events the next records
+	 * reuse. */
+	for (t = 0; t < 600; t++)
+		task_run(pool, t);
+	counts_get(&a);
+	for (t = 0; t < opt.tasks; t++)
+		task_run(pool, 1000 + t);
+	counts_get(&b);
+	n = opt.tasks;
+	if (opt.report) {
+		for (i = 0; i < b.k; i++)
+			if (b.n[i] != a.n[i])
+				printf("%-36s %8.3f per task\n", b.names[i],
+				       (double)(b.n[i] - a.n[i]) / n);
+	}
+	/* The record: the stream's context and its id, once. */
+	TH_ASSERT(per(&a, &b, "cuStreamGetCtx") <= (unsigned long long)opt.tasks);
+	TH_ASSERT(per(&a, &b, "cuCtxGetId") <= (unsigned long long)opt.tasks);
+	/* Its device and primary context come from the cache of contexts. */
+	TH_ASSERT(per(&a, &b, "cuCtxGetDevice") == 0);
+	/* Probe events come from spares (was 4 made and about 4 destroyed a task), and so no push
+	 * and pop of the context to make them (was 5). A few records of the last sweep's interval
+	 * may still make theirs. */
+	TH_ASSERT(per(&a, &b, "cuEventCreate") <= n / 4);
+	TH_ASSERT(per(&a, &b, "cuEventDestroy") <= n / 4);
+	TH_ASSERT(per(&a, &b, "cuCtxPushCurrent") <= n / 4);
+	/* One synchronization and one destruction, each the task's own. */
+	TH_EQ(per(&a, &b, "cuStreamSynchronize"), opt.tasks);
+	TH_EQ(per(&a, &b, "cuStreamDestroy"), opt.tasks);
+	TH_CHECK(pool);
+	other_pool_untouched(pool);
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+	return 0;
+}
