@@ -315,9 +315,11 @@ stream_find_locked(unsigned h, uint64_t id)
  * context it was made in, a primary one that sop keeps alive. A spare may still be pending on
  * the GPU, recorded on a stream that is gone: nothing asks about that record any more (its
  * record is freed), the next record replaces it, and a wait made on it earlier waits for what
- * it captured then. At most as many spares as the records of a sweep hold: a sweep frees the
- * records of a few hundred streams at once. */
-#define SPARE_EVENTS (SOP_PROBES * SWEEP_MIN) /* what a sweep of a thread pool's records frees */
+ * it captured then. A record gives its events back as soon as its stream is destroyed and no
+ * pool's state holds it (events_give), rather than at the sweep that frees it, a few hundred
+ * streams later: so a few spares serve a thread pool, and records of streams that were never
+ * destroyed keep theirs. */
+#define SPARE_EVENTS 256
 
 static struct {
 	pthread_mutex_t lock;
@@ -349,10 +351,12 @@ spares_take(struct sop__stream *st)
 	pthread_mutex_unlock(&spares.lock);
 }
 
+/* Make st's events spares, as far as there is room; destroy the others. Its probes are
+ * forgotten: a query finds none pending, and so learns nothing (memory reused late, never
+ * early). st's lock held, or st unreachable. */
 static void
-stream_free(struct sop__retired *r)
+events_give(struct sop__stream *st)
 {
-	struct sop__stream *st = (struct sop__stream *)((char *)r - offsetof(struct sop__stream, retired));
 	unsigned k;
 
 	/* The context is a primary one sop retains: its events are still there. A record of
@@ -366,9 +370,30 @@ stream_free(struct sop__retired *r)
 		}
 	}
 	pthread_mutex_unlock(&spares.lock);
-	for (k = 0; k < SOP_PROBES; k++)
+	for (k = 0; k < SOP_PROBES; k++) {
 		if (st->probe[k].ev)
 			SOP_DRV(cuEventDestroy)(st->probe[k].ev);
+		st->probe[k].ev = NULL;
+		st->probe[k].pending = false;
+	}
+}
+
+/* A record whose stream is being destroyed and that no state holds has no use for its probes:
+ * the frees they cover are in no cache any more. */
+static void
+stream_done_with(struct sop__stream *st)
+{
+	pthread_mutex_lock(&st->lock);
+	events_give(st);
+	pthread_mutex_unlock(&st->lock);
+}
+
+static void
+stream_free(struct sop__retired *r)
+{
+	struct sop__stream *st = (struct sop__stream *)((char *)r - offsetof(struct sop__stream, retired));
+
+	events_give(st);
 	pthread_mutex_destroy(&st->lock);
 	free(st);
 }
@@ -477,7 +502,8 @@ sop__stream_release(struct sop__stream *st)
 {
 	/* The sweep reads refs under the shard lock and takes the record out only at 0: one held
 	 * is never retired. */
-	atomic_fetch_sub_explicit(&st->refs, 1, memory_order_release);
+	if (atomic_fetch_sub(&st->refs, 1) == 1 && atomic_load(&st->gone))
+		stream_done_with(st);
 }
 
 struct sop__stream *
@@ -800,7 +826,11 @@ sop__stream_ending(CUstream stream, uint64_t id)
 	pthread_mutex_lock(&shards[sh].lock);
 	st = stream_find_locked(h, id);
 	pthread_mutex_unlock(&shards[sh].lock);
-	if (st)
+	if (st) {
 		sop__probe_all_frees(st, stream);
+		atomic_store(&st->gone, true);
+		if (!atomic_load(&st->refs))
+			stream_done_with(st);
+	}
 	return st;
 }

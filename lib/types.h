@@ -410,6 +410,7 @@ struct sop__stream {
 	uint64_t gen;             /* this record's incarnation: unique, never reused */
 	atomic_uint refs;         /* pool stream states, synchronizations waiting for the driver */
 	atomic_bool used;         /* looked up since the last sweep */
+	atomic_bool gone;         /* its stream is being destroyed (sop_stream_destroy) */
 	CUcontext ctx;
 	uint64_t ctx_id;          /* cuCtxGetId: a context's handle value is reused too */
 	CUdevice device;
