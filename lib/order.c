@@ -357,8 +357,12 @@ spares_take(struct sop__stream *st)
 static void
 events_give(struct sop__stream *st)
 {
-	unsigned k;
+	unsigned k, n = 0;
 
+	for (k = 0; k < SOP_PROBES; k++)
+		n += st->probe[k].ev != NULL;
+	if (!n)
+		return; /* given already, or none made */
 	/* The context is a primary one sop retains: its events are still there. A record of
 	 * another context never made any. */
 	pthread_mutex_lock(&spares.lock);
