@@ -903,7 +903,11 @@ cuMemGetInfo(size_t *free_bytes, size_t *total)
 {
 	size_t limit, held, left;
 	CUdevice dev;
-	CUresult r = FORWARD(cuMemGetInfo_v2, free_bytes, total);
+	CUresult r;
+
+	/* It may be the first call taken over (a framework sizing itself at start). */
+	drv_ensure();
+	r = FORWARD(cuMemGetInfo_v2, free_bytes, total);
 
 	if (r != CUDA_SUCCESS || !serving() || !drv.cuCtxGetDevice ||
 	    drv.cuCtxGetDevice(&dev) != CUDA_SUCCESS ||

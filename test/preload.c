@@ -13,6 +13,9 @@
  *   test-preload --fallback  sop cannot start (SOP_DRIVER_LIBRARY names nothing): every call
  *                            reaches the driver untouched
  *   test-preload --quick     one allocation lands in sop (the sop-run test)
+ *   test-preload --meminfo-first
+ *                            cuMemGetInfo is the first call the interposer takes over, as in a
+ *                            framework that sizes itself at start: it answers
  *   test-preload --child     what the exec'd child of the fork test runs
  *
  * test/meson.build runs it under LD_PRELOAD, in the plain build only. On the simulated driver's
@@ -1249,6 +1252,21 @@ main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "";
 
+	if (!strcmp(mode, "--meminfo-first")) {
+		CUdevice dev;
+		size_t free_bytes = 0, total = 0;
+
+		if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS) {
+			printf("skip: no usable CUDA driver\n");
+			return SKIP;
+		}
+		OK(cuDevicePrimaryCtxRetain(&ctx, dev));
+		OK(cuCtxSetCurrent(ctx));
+		OK(cuMemGetInfo(&free_bytes, &total));
+		CHECK(total > 0 && free_bytes <= total);
+		printf("meminfo-first: ok\n");
+		return 0;
+	}
 	setup();
 	if (!strcmp(mode, "--fallback")) {
 		test_fallback();
