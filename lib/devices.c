@@ -14,30 +14,31 @@
 
 #include "internal.h"
 
-CUresult
-sop__default_pool(CUdevice device, struct sop_pool **out)
+/* The three operations below, on one location's entries of the tables (registry.c): a device's,
+ * or a host location's slot. */
+
+/* The default pool in *def, made on first use with the driver's defaults for its location. */
+static CUresult
+default_in(_Atomic(struct sop_pool *) *def, CUmemLocationType type, int id, struct sop_pool **out)
 {
-	struct sop_pool *p;
+	struct sop_pool *p = atomic_load_explicit(def, memory_order_acquire);
 	CUresult r = CUDA_SUCCESS;
 
-	if (device < 0 || device >= sop__device_count())
-		return CUDA_ERROR_INVALID_DEVICE;
-	p = atomic_load_explicit(&sop__default_pools[device], memory_order_acquire);
 	if (SOP_LIKELY(p != NULL)) {
 		*out = p;
 		return CUDA_SUCCESS;
 	}
 	pthread_mutex_lock(&sop__dev_lock);
-	p = atomic_load_explicit(&sop__default_pools[device], memory_order_relaxed);
+	p = atomic_load_explicit(def, memory_order_relaxed);
 	if (!p) {
 		CUmemPoolProps props;
 		memset(&props, 0, sizeof props);
 		props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-		props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-		props.location.id = device;
+		props.location.type = type;
+		props.location.id = id;
 		r = sop__pool_new(&props, true, &p);
 		if (r == CUDA_SUCCESS)
-			atomic_store_explicit(&sop__default_pools[device], p, memory_order_release);
+			atomic_store_explicit(def, p, memory_order_release);
 	}
 	pthread_mutex_unlock(&sop__dev_lock);
 	if (r == CUDA_SUCCESS)
@@ -45,30 +46,26 @@ sop__default_pool(CUdevice device, struct sop_pool **out)
 	return r;
 }
 
-CUresult
-sop__current_pool(CUdevice device, struct sop_pool **out)
+/* The current pool: the one set in *cur, else the default. */
+static CUresult
+current_in(_Atomic(struct sop_pool *) *cur, _Atomic(struct sop_pool *) *def,
+	   CUmemLocationType type, int id, struct sop_pool **out)
 {
-	struct sop_pool *p;
+	struct sop_pool *p = atomic_load_explicit(cur, memory_order_acquire);
 
-	if (device < 0 || device >= sop__device_count())
-		return CUDA_ERROR_INVALID_DEVICE;
-	p = atomic_load_explicit(&sop__current_pools[device], memory_order_acquire);
 	if (p) {
 		*out = p;
 		return CUDA_SUCCESS;
 	}
-	return sop__default_pool(device, out);
+	return default_in(def, type, id, out);
 }
 
-CUresult
-sop__set_current_pool(CUdevice device, struct sop_pool *pool)
+/* Make pool current in *cur (the default: NULL, so that the entry names no pool of its own). */
+static CUresult
+set_current_in(_Atomic(struct sop_pool *) *cur, struct sop_pool *pool)
 {
 	CUresult r = CUDA_SUCCESS;
 
-	if (device < 0 || device >= sop__device_count())
-		return CUDA_ERROR_INVALID_DEVICE;
-	if (pool->host || pool->device != device)
-		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&sop__dev_lock);
 	/* Checked under the lock that sop__forget_current takes to mark it: a pool being
 	 * destroyed on another thread never becomes current after it was forgotten, to be freed
@@ -76,10 +73,36 @@ sop__set_current_pool(CUdevice device, struct sop_pool *pool)
 	if (atomic_load(&pool->destroyed))
 		r = CUDA_ERROR_INVALID_VALUE;
 	else
-		atomic_store_explicit(&sop__current_pools[device], pool->is_default ? NULL : pool,
-				      memory_order_release);
+		atomic_store_explicit(cur, pool->is_default ? NULL : pool, memory_order_release);
 	pthread_mutex_unlock(&sop__dev_lock);
 	return r;
+}
+
+CUresult
+sop__default_pool(CUdevice device, struct sop_pool **out)
+{
+	if (device < 0 || device >= sop__device_count())
+		return CUDA_ERROR_INVALID_DEVICE;
+	return default_in(&sop__default_pools[device], CU_MEM_LOCATION_TYPE_DEVICE, device, out);
+}
+
+CUresult
+sop__current_pool(CUdevice device, struct sop_pool **out)
+{
+	if (device < 0 || device >= sop__device_count())
+		return CUDA_ERROR_INVALID_DEVICE;
+	return current_in(&sop__current_pools[device], &sop__default_pools[device],
+			  CU_MEM_LOCATION_TYPE_DEVICE, device, out);
+}
+
+CUresult
+sop__set_current_pool(CUdevice device, struct sop_pool *pool)
+{
+	if (device < 0 || device >= sop__device_count())
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (pool->host || pool->device != device)
+		return CUDA_ERROR_INVALID_VALUE;
+	return set_current_in(&sop__current_pools[device], pool);
 }
 
 /* ---- Host locations ------------------------------------------------------------------------ */
@@ -90,68 +113,31 @@ CUresult
 sop__host_default_pool(const CUmemLocation *loc, struct sop_pool **out)
 {
 	int slot = sop__host_slot(loc);
-	struct sop_pool *p;
-	CUresult r = CUDA_SUCCESS;
 
 	if (slot < 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	p = atomic_load_explicit(&sop__host_default_pools[slot], memory_order_acquire);
-	if (SOP_LIKELY(p != NULL)) {
-		*out = p;
-		return CUDA_SUCCESS;
-	}
-	pthread_mutex_lock(&sop__dev_lock);
-	p = atomic_load_explicit(&sop__host_default_pools[slot], memory_order_relaxed);
-	if (!p) {
-		CUmemPoolProps props;
-		memset(&props, 0, sizeof props);
-		props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-		props.location.type = loc->type;
-		props.location.id = slot ? loc->id : 0;
-		r = sop__pool_new(&props, true, &p);
-		if (r == CUDA_SUCCESS)
-			atomic_store_explicit(&sop__host_default_pools[slot], p,
-					      memory_order_release);
-	}
-	pthread_mutex_unlock(&sop__dev_lock);
-	if (r == CUDA_SUCCESS)
-		*out = p;
-	return r;
+	return default_in(&sop__host_default_pools[slot], loc->type, slot ? loc->id : 0, out);
 }
 
 CUresult
 sop__host_current_pool(const CUmemLocation *loc, struct sop_pool **out)
 {
 	int slot = sop__host_slot(loc);
-	struct sop_pool *p;
 
 	if (slot < 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	p = atomic_load_explicit(&sop__host_current_pools[slot], memory_order_acquire);
-	if (p) {
-		*out = p;
-		return CUDA_SUCCESS;
-	}
-	return sop__host_default_pool(loc, out);
+	return current_in(&sop__host_current_pools[slot], &sop__host_default_pools[slot], loc->type,
+			  slot ? loc->id : 0, out);
 }
 
 CUresult
 sop__host_set_current_pool(const CUmemLocation *loc, struct sop_pool *pool)
 {
 	int slot = sop__host_slot(loc);
-	CUresult r = CUDA_SUCCESS;
 
 	if (slot < 0 || !pool->host || sop__host_slot(&pool->props.location) != slot)
 		return CUDA_ERROR_INVALID_VALUE;
-	pthread_mutex_lock(&sop__dev_lock);
-	/* As for a device: a pool being destroyed never becomes current. */
-	if (atomic_load(&pool->destroyed))
-		r = CUDA_ERROR_INVALID_VALUE;
-	else
-		atomic_store_explicit(&sop__host_current_pools[slot],
-				      pool->is_default ? NULL : pool, memory_order_release);
-	pthread_mutex_unlock(&sop__dev_lock);
-	return r;
+	return set_current_in(&sop__host_current_pools[slot], pool);
 }
 
 CUresult
