@@ -10,35 +10,10 @@
 #include <string.h>
 
 #include "helpers.h"
-#include "kernels.ptx.h"
 
 #define MiB ((size_t)1 << 20)
 #define STREAMS 6
 #define ROUNDS 200
-
-static CUfunction k_fill, k_check, k_spin_fill;
-
-static void
-launch(CUfunction f, CUstream s, void **args)
-{
-	TH_OK(th.cuLaunchKernel(f, 64, 1, 1, 256, 1, 1, 0, s, args, NULL));
-}
-
-static void
-spin_fill(void *p, size_t words, uint32_t v, long long cycles, CUstream s)
-{
-	unsigned long long n = words;
-	void *args[] = {&p, &n, &v, &cycles};
-	launch(k_spin_fill, s, args);
-}
-
-static void
-check(void *p, size_t words, uint32_t v, unsigned *bad, CUstream s)
-{
-	unsigned long long n = words;
-	void *args[] = {&p, &n, &v, &bad};
-	launch(k_check, s, args);
-}
 
 static bool
 cpu_holds(const uint32_t *p, size_t words, uint32_t v)
@@ -83,7 +58,6 @@ main(void)
 	CUevent ev[STREAMS];
 	sop_pool_t dev_pool;
 	unsigned *bad, host_bad[STREAMS];
-	CUmodule mod;
 	uint64_t seed = 777;
 	int l, i, r;
 
@@ -106,11 +80,7 @@ main(void)
 		TH_OK(sop_pool_destroy(probe));
 	}
 	TH_OK(sop_device_get_host_location(&locs[1], 0));
-	TH_OK(th.cuModuleLoadData(&mod, sop_kernels_ptx));
-	TH_OK(th.cuModuleGetFunction(&k_fill, mod, "sop_fill"));
-	TH_OK(th.cuModuleGetFunction(&k_check, mod, "sop_check"));
-	TH_OK(th.cuModuleGetFunction(&k_spin_fill, mod, "sop_spin_fill"));
-	(void)k_fill;
+	th_kernels_load();
 	dev_pool = th_pool(0, 0);
 	for (i = 0; i < STREAMS; i++) {
 		s[i] = th_stream();
@@ -128,18 +98,18 @@ main(void)
 		/* Kernel writes, the CPU checks after synchronizing; the CPU writes, a kernel
 		 * checks. */
 		TH_OK(sop_malloc_from_pool_async((void **)&h, words * 4, pool, s[0]));
-		spin_fill(h, words, 0x1234abcdu, 1000000, s[0]);
+		th_spin_fill(h, words, 0x1234abcdu, 1000000, s[0]);
 		TH_OK(sop_stream_synchronize(s[0]));
 		TH_ASSERT(cpu_holds(h, words, 0x1234abcdu));
 		for (i = 0; i < (int)words; i++)
 			h[i] = 0x0badf00du;
-		check(h, words, 0x0badf00du, bad, s[1]);
+		th_check(h, words, 0x0badf00du, bad, s[1]);
 		/* cuMemcpyAsync both ways: host pool -> device pool -> another host-pool block. */
 		TH_OK(sop_malloc_from_pool_async((void **)&d, words * 4, dev_pool, s[1]));
 		TH_OK(sop_malloc_from_pool_async((void **)&h2, words * 4, pool, s[1]));
 		TH_OK(th.cuMemcpyAsync((CUdeviceptr)(uintptr_t)d, (CUdeviceptr)(uintptr_t)h,
 				       words * 4, s[1]));
-		check(d, words, 0x0badf00du, bad + 1, s[1]);
+		th_check(d, words, 0x0badf00du, bad + 1, s[1]);
 		TH_OK(th.cuMemcpyAsync((CUdeviceptr)(uintptr_t)h2, (CUdeviceptr)(uintptr_t)d,
 				       words * 4, s[1]));
 		TH_OK(sop_stream_synchronize(s[1]));
@@ -160,8 +130,8 @@ main(void)
 				tag[i] = (uint32_t)(l << 24 | r << 8 | i) * 2654435761u;
 				TH_OK(sop_malloc_from_pool_async((void **)&p[i], n[i] * 4, pool,
 								 s[i]));
-				spin_fill(p[i], n[i], tag[i], 20000, s[i]);
-				check(p[i], n[i], tag[i], bad + i, s[i]);
+				th_spin_fill(p[i], n[i], tag[i], 20000, s[i]);
+				th_check(p[i], n[i], tag[i], bad + i, s[i]);
 			}
 			if (r % 5 == 0) {
 				/* The CPU reads what the kernels wrote. */

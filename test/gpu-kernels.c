@@ -9,34 +9,9 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "kernels.ptx.h"
 
 #define STREAMS 8
 #define ROUNDS 400
-
-static CUfunction k_fill, k_check, k_spin_fill;
-
-static void
-launch(CUfunction f, CUstream s, void **args)
-{
-	TH_OK(th.cuLaunchKernel(f, 64, 1, 1, 256, 1, 1, 0, s, args, NULL));
-}
-
-static void
-spin_fill(void *p, size_t words, uint32_t v, long long cycles, CUstream s)
-{
-	unsigned long long n = words;
-	void *args[] = {&p, &n, &v, &cycles};
-	launch(k_spin_fill, s, args);
-}
-
-static void
-check(void *p, size_t words, uint32_t v, unsigned *bad, CUstream s)
-{
-	unsigned long long n = words;
-	void *args[] = {&p, &n, &v, &bad};
-	launch(k_check, s, args);
-}
 
 /* The reuse scenarios with a kernel that really runs, instead of a blocked host function:
  * s1 spins about 50 ms and then fills its block; another stream's allocation must not get the
@@ -60,40 +35,40 @@ spin_scenarios(unsigned *bad)
 
 	/* A: s1 busy in a kernel that will write a; s2 must get another block. */
 	TH_OK(sop_malloc_from_pool_async(&a, words * 4, pool, s1));
-	spin_fill(a, words, 0xA1A1A1A1u, spin, s1);
-	check(a, words, 0xA1A1A1A1u, bad + 0, s1);
+	th_spin_fill(a, words, 0xA1A1A1A1u, spin, s1);
+	th_check(a, words, 0xA1A1A1A1u, bad + 0, s1);
 	TH_OK(sop_free_async(a, s1));
 	TH_OK(sop_malloc_from_pool_async(&b, words * 4, pool, s2));
 	TH_ASSERT(b != a);
-	spin_fill(b, words, 0xB1B1B1B1u, 0, s2);
-	check(b, words, 0xB1B1B1B1u, bad + 0, s2);
+	th_spin_fill(b, words, 0xB1B1B1B1u, 0, s2);
+	th_check(b, words, 0xB1B1B1B1u, bad + 0, s2);
 	TH_OK(sop_free_async(b, s2));
 	TH_OK(sop_ctx_synchronize());
 
 	/* D: the same, but s2 waits on an event recorded after the free: it gets a, and its fill
 	 * runs after s1's kernel and check. */
 	TH_OK(sop_malloc_from_pool_async(&a, words * 4, pool, s1));
-	spin_fill(a, words, 0xA2A2A2A2u, spin, s1);
-	check(a, words, 0xA2A2A2A2u, bad + 1, s1);
+	th_spin_fill(a, words, 0xA2A2A2A2u, spin, s1);
+	th_check(a, words, 0xA2A2A2A2u, bad + 1, s1);
 	TH_OK(sop_free_async(a, s1));
 	TH_OK(sop_event_record(ev, s1));
 	TH_OK(sop_stream_wait_event(s2, ev, 0));
 	TH_OK(sop_malloc_from_pool_async(&b, words * 4, pool, s2));
 	TH_ASSERT(b == a);
-	spin_fill(b, words, 0xB2B2B2B2u, 0, s2);
-	check(b, words, 0xB2B2B2B2u, bad + 1, s2);
+	th_spin_fill(b, words, 0xB2B2B2B2u, 0, s2);
+	th_check(b, words, 0xB2B2B2B2u, bad + 1, s2);
 	TH_OK(sop_free_async(b, s2));
 	TH_OK(sop_ctx_synchronize());
 
 	/* F: a 4 MiB pool, full, s1 busy; s2 gets a through a wait sop inserts. */
 	TH_OK(sop_malloc_from_pool_async(&a, words * 4, capped, s1));
-	spin_fill(a, words, 0xA3A3A3A3u, spin, s1);
-	check(a, words, 0xA3A3A3A3u, bad + 2, s1);
+	th_spin_fill(a, words, 0xA3A3A3A3u, spin, s1);
+	th_check(a, words, 0xA3A3A3A3u, bad + 2, s1);
 	TH_OK(sop_free_async(a, s1));
 	TH_OK(sop_malloc_from_pool_async(&b, words * 4, capped, s2));
 	TH_ASSERT(b == a);
-	spin_fill(b, words, 0xB3B3B3B3u, 0, s2);
-	check(b, words, 0xB3B3B3B3u, bad + 2, s2);
+	th_spin_fill(b, words, 0xB3B3B3B3u, 0, s2);
+	th_check(b, words, 0xB3B3B3B3u, bad + 2, s2);
 	TH_OK(sop_free_async(b, s2));
 	TH_OK(sop_ctx_synchronize());
 
@@ -125,17 +100,17 @@ destroyed_busy(unsigned *bad, cuuint64_t threshold, int *reused)
 
 	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold));
 	TH_OK(sop_malloc_from_pool_async(&a, words * 4, pool, a_s));
-	spin_fill(a, words, 0xA4A4A4A4u, 0, a_s);
+	th_spin_fill(a, words, 0xA4A4A4A4u, 0, a_s);
 	TH_OK(th.cuLaunchHostFunc(a_s, sleep_fn, NULL));
-	check(a, words, 0xA4A4A4A4u, bad + 3, a_s);
+	th_check(a, words, 0xA4A4A4A4u, bad + 3, a_s);
 	TH_OK(sop_free_async(a, a_s));
 	th_stream_destroy(a_s);
 	b_s = th_stream();
 	*reused += b_s == a_s;
 	TH_OK(sop_stream_synchronize(b_s));
 	TH_OK(sop_malloc_from_pool_async(&b, words * 4, pool, b_s));
-	spin_fill(b, words, 0xB4B4B4B4u, 0, b_s);
-	check(b, words, 0xB4B4B4B4u, bad + 4, b_s);
+	th_spin_fill(b, words, 0xB4B4B4B4u, 0, b_s);
+	th_check(b, words, 0xB4B4B4B4u, bad + 4, b_s);
 	TH_OK(sop_free_async(b, b_s));
 	TH_OK(sop_stream_synchronize(b_s));
 	TH_OK(sop_ctx_synchronize());
@@ -151,17 +126,12 @@ main(void)
 	unsigned *bad;
 	unsigned host_bad[STREAMS];
 	sop_pool_t pool, counters;
-	CUmodule mod;
 	uint64_t seed = 12345, reused_across = 0;
 	int i, r;
 
 	th_init();
 	th_require_gpu();
-	TH_OK(th.cuModuleLoadData(&mod, sop_kernels_ptx));
-	TH_OK(th.cuModuleGetFunction(&k_fill, mod, "sop_fill"));
-	TH_OK(th.cuModuleGetFunction(&k_check, mod, "sop_check"));
-	TH_OK(th.cuModuleGetFunction(&k_spin_fill, mod, "sop_spin_fill"));
-	(void)k_fill;
+	th_kernels_load();
 
 	pool = th_pool(0, 0);
 	counters = th_pool(0, 0);
@@ -192,8 +162,8 @@ main(void)
 			words = 64 + (seed >> 33) % (1u << 18);
 			TH_OK(sop_malloc_from_pool_async(&p, words * 4, pool, s[i]));
 			/* ~20 us of spinning keeps the kernels overlapping the host's calls. */
-			spin_fill(p, words, tag, 40000, s[i]);
-			check(p, words, tag, bad + i, s[i]);
+			th_spin_fill(p, words, tag, 40000, s[i]);
+			th_check(p, words, tag, bad + i, s[i]);
 			prev[i] = p;
 			if (r % 7 == 3) {
 				/* Free on the next stream, ordered after this one's work. */

@@ -4,6 +4,7 @@
 #include <time.h>
 
 #include "helpers.h"
+#include "kernels.ptx.h"
 
 struct th_driver th;
 int th_n_devices;
@@ -100,6 +101,42 @@ th_require_gpu(void)
 		printf("skip: needs a GPU\n");
 		exit(TH_SKIP);
 	}
+}
+
+static CUfunction k_check, k_spin_fill;
+
+void
+th_kernels_load(void)
+{
+	CUmodule mod;
+
+	TH_OK(th.cuModuleLoadData(&mod, sop_kernels_ptx));
+	TH_OK(th.cuModuleGetFunction(&k_check, mod, "sop_check"));
+	TH_OK(th.cuModuleGetFunction(&k_spin_fill, mod, "sop_spin_fill"));
+}
+
+static void
+kernel_launch(CUfunction f, CUstream s, void **args)
+{
+	TH_OK(th.cuLaunchKernel(f, 64, 1, 1, 256, 1, 1, 0, s, args, NULL));
+}
+
+void
+th_spin_fill(void *p, size_t words, uint32_t v, long long cycles, CUstream s)
+{
+	unsigned long long n = words;
+	void *args[] = {&p, &n, &v, &cycles};
+
+	kernel_launch(k_spin_fill, s, args);
+}
+
+void
+th_check(void *p, size_t words, uint32_t v, unsigned *bad, CUstream s)
+{
+	unsigned long long n = words;
+	void *args[] = {&p, &n, &v, &bad};
+
+	kernel_launch(k_check, s, args);
 }
 
 CUstream

@@ -105,6 +105,13 @@ void th_require_sim(void);
 /* Exit 77 unless a real GPU is there. */
 void th_require_gpu(void);
 
+/* The test kernels (test/kernels.cu), on a GPU. th_kernels_load loads them into the current
+ * context; th_spin_fill spins about `cycles` clocks, then writes v to words 32-bit words at p;
+ * th_check adds 1 to *bad for a block whose words are not all v. Both on stream s. */
+void th_kernels_load(void);
+void th_spin_fill(void *p, size_t words, uint32_t v, long long cycles, CUstream s);
+void th_check(void *p, size_t words, uint32_t v, unsigned *bad, CUstream s);
+
 CUstream th_stream(void); /* a new non-blocking stream */
 void th_stream_destroy(CUstream s);
 
