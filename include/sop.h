@@ -189,6 +189,57 @@ CUresult sop_free(void *ptr);
 /* The pool that ptr (any address inside a live allocation) came from. */
 CUresult sop_pointer_get_pool(sop_pool_t *pool, const void *ptr);
 
+/* ---- Sharing pools between processes (IPC) ----------------------------------------------- */
+
+/* A pool created with handleTypes CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR can be shared with
+ * other processes of the machine, as the driver's IPC pools are (doc/design.md, Sharing pools).
+ *
+ * sop_pool_export_to_shareable_handle writes to *(int *)handle_out one file descriptor for the
+ * pool (each call a new one, which the caller closes), to be passed to another process the usual
+ * way (SCM_RIGHTS over a Unix socket). type must be CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR and
+ * flags 0. The descriptor reaches a thread of the exporting process that hands the pool's
+ * physical memory to importers on demand, so the exporter must live while importers import
+ * pointers (memory already imported stays valid after it exits). Returns CUDA_SUCCESS,
+ * CUDA_ERROR_INVALID_VALUE (NULL, a default pool, an imported pool, a pool without that handle
+ * type, another type, flags), CUDA_ERROR_OUT_OF_MEMORY, or CUDA_ERROR_OPERATING_SYSTEM (the
+ * system refused a descriptor or a thread).
+ *
+ * sop_pool_import_from_shareable_handle makes, in the importing process, a pool that stands for
+ * the exported one; handle is the descriptor cast to a pointer, as the driver takes it, and stays
+ * the caller's. An imported pool cannot allocate (sop_malloc_from_pool_async and
+ * sop_device_set_pool refuse it with CUDA_ERROR_INVALID_VALUE), cannot be exported again, and is
+ * accessible at first only from its resident device; sop_pool_set_access grants more. Its
+ * statistics count what was imported into this process: used memory the live imported pointers,
+ * reserved memory the physical memory they map; trimming and the release threshold do nothing.
+ * Destroying it unmaps what no imported pointer uses; the rest when their frees complete.
+ * Returns CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE (NULL, another type, flags, a descriptor that
+ * is closed or is not a sop pool's, an exporter that has exited or destroyed the pool),
+ * CUDA_ERROR_NOT_SUPPORTED (the pool's resident device is not visible here) or
+ * CUDA_ERROR_OUT_OF_MEMORY.
+ *
+ * sop_pool_export_pointer describes a live allocation of an exportable pool (ptr: the address
+ * sop_malloc_async returned) in 64 opaque bytes that may travel by any means; it may be called
+ * before the allocation's stream work has run. sop_pool_import_pointer maps that allocation into
+ * this process from the imported pool and returns its address here; the memory is the
+ * exporter's, so it may be used only once the allocation's stream order in the exporter allows
+ * it (an interprocess event and a stream wait, or a synchronization and a message). The
+ * importer frees it with sop_free_async (or sop_free) before the exporter frees it, ordered
+ * through events or synchronization the processes share, as the driver requires; the mapping
+ * goes away once the importer's free has completed. Export data of another pool, of a freed or
+ * reallocated block, or forged, gives CUDA_ERROR_INVALID_VALUE, as does a pointer that is not
+ * the start of a live allocation of an exportable pool. Returns also CUDA_ERROR_OUT_OF_MEMORY,
+ * or the driver's code for a mapping it refused; a failed call leaves both processes as they
+ * were. */
+CUresult sop_pool_export_to_shareable_handle(void *handle_out, sop_pool_t pool,
+					     CUmemAllocationHandleType type,
+					     unsigned long long flags);
+CUresult sop_pool_import_from_shareable_handle(sop_pool_t *pool_out, void *handle,
+					       CUmemAllocationHandleType type,
+					       unsigned long long flags);
+CUresult sop_pool_export_pointer(CUmemPoolPtrExportData *share_data_out, void *ptr);
+CUresult sop_pool_import_pointer(void **ptr_out, sop_pool_t pool,
+				 CUmemPoolPtrExportData *share_data);
+
 /* ---- Synchronization points ------------------------------------------------------------- */
 
 /* Wrappers of cuEventRecord, cuStreamWaitEvent, cuStreamSynchronize, cuEventSynchronize,

@@ -803,3 +803,35 @@ sop_event_destroy(CUevent event)
 	sop__event_forget(event);
 	return SOP_DRV(cuEventDestroy)(event);
 }
+
+/* ---- Sharing pools between processes ------------------------------------------------------ */
+
+SOP_API CUresult
+sop_pool_export_to_shareable_handle(void *handle_out, sop_pool_t pool,
+				    CUmemAllocationHandleType type, unsigned long long flags)
+{
+	(void)handle_out, (void)pool, (void)type, (void)flags;
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SOP_API CUresult
+sop_pool_import_from_shareable_handle(sop_pool_t *pool_out, void *handle,
+				      CUmemAllocationHandleType type, unsigned long long flags)
+{
+	(void)pool_out, (void)handle, (void)type, (void)flags;
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SOP_API CUresult
+sop_pool_export_pointer(CUmemPoolPtrExportData *share_data_out, void *ptr)
+{
+	(void)share_data_out, (void)ptr;
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SOP_API CUresult
+sop_pool_import_pointer(void **ptr_out, sop_pool_t pool, CUmemPoolPtrExportData *share_data)
+{
+	(void)ptr_out, (void)pool, (void)share_data;
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
