@@ -36,7 +36,7 @@ default_in(_Atomic(struct sop_pool *) *def, CUmemLocationType type, int id, stru
 		props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
 		props.location.type = type;
 		props.location.id = id;
-		r = sop__pool_new(&props, true, &p);
+		r = sop__pool_new(&props, true, 0, &p);
 		if (r == CUDA_SUCCESS)
 			atomic_store_explicit(def, p, memory_order_release);
 	}

@@ -273,6 +273,7 @@ pieces_map(struct sop_pool *pool, struct sop__segment *seg, CUdeviceptr va, size
 		}
 		pc->va = va + off;
 		pc->size = size - off < unit ? size - off : unit;
+		pc->serial = ++pool->piece_serial;
 		r = sop__piece_map(pool, pc->va, pc->size, &pc->handle);
 		if (r != CUDA_SUCCESS) {
 			free(pc);

@@ -30,6 +30,10 @@
  *   reuse.c     the slow path: what memory a request takes, in doc/reuse.md's order
  * Pools
  *   pool.c      pool objects: create, destroy, reap, attributes, access, trim
+ *   share.c     a pool shared with other processes, the exporting side: export data, and the
+ *               broker thread that hands the pool's pieces to importers over a socket
+ *   import.c    the importing side: a pool that stands for an exported one, pointers imported
+ *               into it (the exporter's pieces mapped at their offsets), their frees
  *   sync.c      synchronization points, across every pool
  * Allocation and the API
  *   stream.c    the hot path, and the thread-local cache of stream states it reaches them by
@@ -274,6 +278,10 @@ void sop__forget_current(struct sop_pool *pool);
 
 /* ---- vmm.c ------------------------------------------------------------------------------- */
 
+/* Map a physical allocation (made here, or imported) at va, open to the pool's owner and the
+ * devices granted access; on a failure nothing stays mapped. Context current. */
+CUresult sop__piece_open(struct sop_pool *pool, CUdeviceptr va, size_t size,
+			 CUmemGenericAllocationHandle h);
 /* Create, map and open one physical allocation of size bytes at va, accessible to the pool's
  * devices. Context current. */
 CUresult sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size,
@@ -559,6 +567,7 @@ sop__block_hand_out(struct sop__sstream *ss, struct sop__block *b, size_t req, v
 	sop__block_set_owner(b, NULL);
 	sop__used_add(ss, b, req);
 	ss->active = true;
+	__atomic_store_n(&b->gen, 0, __ATOMIC_RELAXED); /* not exported yet (share.c) */
 	atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_ALLOC), memory_order_release);
 	*ptr = (void *)(uintptr_t)b->addr;
 }
@@ -595,7 +604,10 @@ sop__split_fit(struct sop_pool *pool, struct sop__bins *bins, size_t size)
 
 /* ---- pool.c ------------------------------------------------------------------------------ */
 
-CUresult sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **out);
+/* A pool; its reservation va_size bytes of addresses, or (0) what its location's memory and
+ * maxSize call for. */
+CUresult sop__pool_new(const CUmemPoolProps *props, bool is_default, size_t va_size,
+		       struct sop_pool **out);
 /* Mark destroyed and tear down if nothing is left in it. */
 void sop__pool_destroy(struct sop_pool *pool);
 /* Tear down if destroyed and empty: give everything back to the driver, unlink the pool from
@@ -612,6 +624,40 @@ CUresult sop__pool_get_access(struct sop_pool *pool, const CUmemLocation *loc,
 			      CUmemAccess_flags *flags);
 CUresult sop__pool_set_access(struct sop_pool *pool, const CUmemAccessDesc *map, size_t count);
 CUresult sop__pool_trim(struct sop_pool *pool, size_t keep);
+
+/* ---- share.c ----------------------------------------------------------------------------- */
+
+/* A function of export data's fields and token, which data must carry to be taken. */
+uint64_t sop__share_check(const struct sop__export_data *d);
+/* Export data of the live allocation at addr (its start) of an exportable pool;
+ * CUDA_ERROR_INVALID_VALUE for anything else. */
+CUresult sop__share_pointer(struct sop_pool *pool, CUdeviceptr addr, CUmemPoolPtrExportData *out);
+/* A new descriptor of the pool's broker, started on first use. */
+CUresult sop__share_export(struct sop_pool *pool, int *fd);
+/* Stop the broker, if any (the pool is being destroyed): importers' later calls fail. */
+void sop__share_stop(struct sop_pool *pool);
+
+/* ---- import.c ---------------------------------------------------------------------------- */
+
+/* A pool for the one the broker at the other end of shared serves. */
+CUresult sop__import_pool(int shared, struct sop_pool **out);
+/* Map the allocation the export data names; its address here. */
+CUresult sop__import_pointer(struct sop_pool *pool, const CUmemPoolPtrExportData *data,
+			     void **out);
+/* Free an imported pointer: in the order of stream (the mapping goes once that has run), or
+ * now. */
+CUresult sop__import_free(struct sop_pool *pool, CUdeviceptr addr, CUstream stream, bool now);
+/* The live imported pointer that holds addr: its start and size. */
+CUresult sop__import_block(struct sop_pool *pool, CUdeviceptr addr, CUdeviceptr *start,
+			   size_t *size);
+/* USED_MEM_CURRENT or USED_MEM_HIGH of an imported pool, read, or (set) the high reset. */
+CUresult sop__import_used(struct sop_pool *pool, CUmemPool_attribute attr, void *value, bool set);
+/* At a synchronization point: unmap what frees that completed leave unused, and finish a
+ * destroyed import. Pinned. */
+void sop__import_sync(struct sop_pool *pool);
+/* sop_pool_destroy of an imported pool: no more imports; torn down once every imported pointer
+ * has been freed and its free has completed. */
+void sop__import_destroy(struct sop_pool *pool);
 
 /* ---- sync.c ------------------------------------------------------------------------------ */
 

@@ -9,6 +9,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -55,8 +56,21 @@ host_pool_device(void)
 	return dev;
 }
 
+/* A token no other pool has, for export data (share.c): random, else a mix of what differs. */
+static uint64_t
+pool_token(const struct sop_pool *pool)
+{
+	uint64_t t = 0;
+
+	if (getrandom(&t, sizeof t, GRND_NONBLOCK) != (ssize_t)sizeof t || !t)
+		t = (sop__now_ns() * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)getpid() << 32) ^
+		    (uint64_t)(uintptr_t)pool;
+	return t | 1;
+}
+
 CUresult
-sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **out)
+sop__pool_new(const CUmemPoolProps *props, bool is_default, size_t va_size,
+	      struct sop_pool **out)
 {
 	CUmemAllocationProp prop = {0};
 	struct sop_pool *pool;
@@ -89,6 +103,7 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **ou
 		pthread_mutexattr_destroy(&attr);
 	}
 	pool->retire_at = SOP_STATES_MIN;
+	pool->token = pool_token(pool);
 	atomic_init(&pool->reuse_follow, 1);
 	atomic_init(&pool->reuse_opportunistic, 1);
 	atomic_init(&pool->reuse_internal, 1);
@@ -121,7 +136,7 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, struct sop_pool **ou
 	if (r == CUDA_SUCCESS) {
 		if (props->maxSize)
 			pool->max_size = sop__round_up(props->maxSize, pool->granularity);
-		pool->va_size = pool_va_size(total, pool->max_size);
+		pool->va_size = va_size ? va_size : pool_va_size(total, pool->max_size);
 		r = SOP_DRV(cuMemAddressReserve)(&pool->va_base, pool->va_size,
 						 (size_t)1 << SOP_VA_GRANULE_LOG2, 0, 0);
 	}
@@ -173,7 +188,7 @@ pool_empty(struct sop_pool *pool)
 {
 	struct sop__sstream *ss;
 
-	if (sop__pool_used(pool, false))
+	if (sop__pool_used(pool, false) || pool->imports_held)
 		return false;
 	for (ss = pool->streams; ss; ss = ss->next)
 		if (sop__sstream_cached(ss))
@@ -188,6 +203,13 @@ pool_free(struct sop__retired *r)
 
 	sop__heap_destroy(pool);
 	sop__sstream_destroy_all(pool);
+	if (pool->import) {
+		/* Emptied and disconnected before the teardown (import.c). */
+		pthread_mutex_destroy(&pool->import->lock);
+		free(pool->import->pieces);
+		free(pool->import->ptrs);
+		free(pool->import);
+	}
 	free(pool->access);
 	pthread_mutex_destroy(&pool->lock);
 	free(pool);

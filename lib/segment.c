@@ -306,6 +306,13 @@ sop__heap_set_access(struct sop_pool *pool, const CUmemAccessDesc *want,
 			}
 		}
 	}
+	/* An imported pool's pieces are the exporter's, mapped here (import.c). */
+	for (i = 0; pool->import && !failed && i < pool->import->n_pieces; i++) {
+		pc = pool->import->pieces[i];
+		r = SOP_DRV(cuMemSetAccess)(pc->va, pc->size, want, n);
+		if (r != CUDA_SUCCESS)
+			failed = pc;
+	}
 	/* All or nothing: put back what changed before the failure. */
 	for (seg = pool->segments; failed && seg; seg = seg->next)
 		for (i = 0; i < seg->n_pieces; i++) {
@@ -314,5 +321,11 @@ sop__heap_set_access(struct sop_pool *pool, const CUmemAccessDesc *want,
 				return r;
 			SOP_DRV(cuMemSetAccess)(pc->va, pc->size, was, n);
 		}
+	for (i = 0; pool->import && failed && i < pool->import->n_pieces; i++) {
+		pc = pool->import->pieces[i];
+		if (pc == failed)
+			return r;
+		SOP_DRV(cuMemSetAccess)(pc->va, pc->size, was, n);
+	}
 	return r;
 }

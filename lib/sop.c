@@ -102,7 +102,7 @@ sop_pool_create(sop_pool_t *pool, const CUmemPoolProps *props)
 	/* The pools retired before go first: a process that makes a pool per job then holds
 	 * the host memory of a few, not of every job it ran. */
 	sop__epoch_bound();
-	r = sop__pool_new(props, false, &p);
+	r = sop__pool_new(props, false, 0, &p);
 	if (r == CUDA_SUCCESS)
 		*pool = sop__pool_handle(p);
 	return r;
@@ -119,10 +119,15 @@ sop_pool_destroy(sop_pool_t pool)
 		return r;
 	pin = sop__pin();
 	p = pool_usable(pool);
-	if (p && !p->is_default)
+	if (p && p->imported) {
+		sop__import_destroy(p);
+	} else if (p && !p->is_default) {
+		/* Importers are answered no more: their later imports fail. */
+		sop__share_stop(p);
 		sop__pool_destroy(p);
-	else
+	} else {
 		r = CUDA_ERROR_INVALID_VALUE;
+	}
 	sop__unpin(pin);
 	sop__epoch_reclaim();
 	return r;
@@ -139,7 +144,13 @@ sop_pool_set_attr(sop_pool_t pool, CUmemPool_attribute attr, void *value)
 		return r;
 	pin = sop__pin();
 	p = pool_usable(pool);
-	r = p && value ? sop__pool_set_attr(p, attr, value) : CUDA_ERROR_INVALID_VALUE;
+	if (!p || !value)
+		r = CUDA_ERROR_INVALID_VALUE;
+	else if (p->imported && attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+		r = *(cuuint64_t *)value ? CUDA_ERROR_INVALID_VALUE
+					 : sop__import_used(p, attr, value, true);
+	else
+		r = sop__pool_set_attr(p, attr, value);
 	sop__unpin(pin);
 	return r;
 }
@@ -155,7 +166,13 @@ sop_pool_get_attr(sop_pool_t pool, CUmemPool_attribute attr, void *value)
 		return r;
 	pin = sop__pin();
 	p = pool_usable(pool);
-	r = p && value ? sop__pool_get_attr(p, attr, value) : CUDA_ERROR_INVALID_VALUE;
+	if (!p || !value)
+		r = CUDA_ERROR_INVALID_VALUE;
+	else if (p->imported && (attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT ||
+				 attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH))
+		r = sop__import_used(p, attr, value, false);
+	else
+		r = sop__pool_get_attr(p, attr, value);
 	sop__unpin(pin);
 	return r;
 }
@@ -232,7 +249,9 @@ sop_trim_to(sop_pool_t pool, size_t min_bytes_to_keep)
 	/* Unmapping and releasing are sop's calls, relaxed as its growth is (design.md, Stream
 	 * capture). */
 	mode = sop__capture_relax();
-	r = p ? sop__pool_trim(p, min_bytes_to_keep) : CUDA_ERROR_INVALID_VALUE;
+	/* An imported pool holds only what its imported pointers use. */
+	r = !p ? CUDA_ERROR_INVALID_VALUE
+	       : p->imported ? CUDA_SUCCESS : sop__pool_trim(p, min_bytes_to_keep);
 	sop__capture_restore(mode);
 	sop__unpin(pin);
 	return r;
@@ -309,7 +328,7 @@ sop_device_set_pool(CUdevice device, sop_pool_t pool)
 		return CUDA_ERROR_INVALID_DEVICE;
 	pin = sop__pin();
 	p = pool_usable(pool);
-	r = p ? sop__set_current_pool(device, p) : CUDA_ERROR_INVALID_VALUE;
+	r = p && !p->imported ? sop__set_current_pool(device, p) : CUDA_ERROR_INVALID_VALUE;
 	sop__unpin(pin);
 	return r;
 }
@@ -407,7 +426,7 @@ sop_mem_set_pool(const CUmemLocation *location, CUmemAllocationType type, sop_po
 		return r;
 	pin = sop__pin();
 	p = pool_usable(pool);
-	if (!p)
+	if (!p || p->imported)
 		r = CUDA_ERROR_INVALID_VALUE;
 	else if (location->type == CU_MEM_LOCATION_TYPE_DEVICE)
 		r = sop__set_current_pool(location->id, p);
@@ -505,7 +524,8 @@ malloc_from(void **ptr, size_t size, struct sop_pool *pool, CUstream stream, uin
 	void *p;
 	CUresult r;
 
-	if (!ptr || !pool)
+	/* An imported pool cannot allocate, as the driver's cannot. */
+	if (!ptr || !pool || pool->imported)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!size) {
 		*ptr = NULL;
@@ -603,9 +623,12 @@ sop_free_async(void *ptr, CUstream stream)
 				      : CUDA_ERROR_INVALID_VALUE;
 	} else {
 		r = sop__stream_capturing_seen(stream, &capturing);
-		if (r == CUDA_SUCCESS)
-			r = capturing ? CUDA_ERROR_INVALID_VALUE
-				      : sop__free_async(pool, (CUdeviceptr)(uintptr_t)ptr, stream);
+		if (r == CUDA_SUCCESS && capturing)
+			r = CUDA_ERROR_INVALID_VALUE;
+		else if (r == CUDA_SUCCESS && SOP_UNLIKELY(pool->imported))
+			r = sop__import_free(pool, (CUdeviceptr)(uintptr_t)ptr, stream, false);
+		else if (r == CUDA_SUCCESS)
+			r = sop__free_async(pool, (CUdeviceptr)(uintptr_t)ptr, stream);
 	}
 	sop__unpin(pin);
 	return r;
@@ -627,9 +650,11 @@ sop_free(void *ptr)
 		return CUDA_SUCCESS;
 	pin = sop__pin();
 	pool = sop__registry_lookup(addr);
-	if (!pool) {
+	if (!pool || pool->imported) {
+		r = pool ? sop__import_free(pool, addr, NULL, true) : CUDA_ERROR_INVALID_VALUE;
 		sop__unpin(pin);
-		return CUDA_ERROR_INVALID_VALUE;
+		sop__epoch_reclaim();
+		return r;
 	}
 	pthread_mutex_lock(&pool->lock);
 	b = atomic_load(&pool->dead) ? NULL : sop__map_get(pool, addr);
@@ -668,9 +693,12 @@ sop__pointer_block(const void *ptr, sop_pool_t *pool, CUdeviceptr *start, size_t
 		return CUDA_ERROR_INVALID_VALUE;
 	pin = sop__pin();
 	p = sop__registry_lookup(addr);
-	if (!p) {
+	if (!p || p->imported) {
+		r = p ? sop__import_block(p, addr, start, size) : CUDA_ERROR_INVALID_VALUE;
+		if (r == CUDA_SUCCESS)
+			*pool = sop__pool_handle(p);
 		sop__unpin(pin);
-		return CUDA_ERROR_INVALID_VALUE;
+		return r;
 	}
 	pthread_mutex_lock(&p->lock);
 	/* Not a hot path: find the segment, then the block within it. */
@@ -810,28 +838,83 @@ SOP_API CUresult
 sop_pool_export_to_shareable_handle(void *handle_out, sop_pool_t pool,
 				    CUmemAllocationHandleType type, unsigned long long flags)
 {
-	(void)handle_out, (void)pool, (void)type, (void)flags;
-	return CUDA_ERROR_NOT_SUPPORTED;
+	struct sop__pin *pin;
+	struct sop_pool *p;
+	int fd;
+	CUresult r = sop__init();
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!handle_out || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || flags)
+		return CUDA_ERROR_INVALID_VALUE;
+	pin = sop__pin();
+	p = pool_usable(pool);
+	r = p ? sop__share_export(p, &fd) : CUDA_ERROR_INVALID_VALUE;
+	sop__unpin(pin);
+	if (r == CUDA_SUCCESS)
+		memcpy(handle_out, &fd, sizeof fd);
+	return r;
 }
 
 SOP_API CUresult
 sop_pool_import_from_shareable_handle(sop_pool_t *pool_out, void *handle,
 				      CUmemAllocationHandleType type, unsigned long long flags)
 {
-	(void)pool_out, (void)handle, (void)type, (void)flags;
-	return CUDA_ERROR_NOT_SUPPORTED;
+	intptr_t fd = (intptr_t)handle;
+	struct sop_pool *p;
+	CUresult r = sop__init();
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!pool_out || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || flags || fd < 0 ||
+	    fd > INT32_MAX)
+		return CUDA_ERROR_INVALID_VALUE;
+	sop__epoch_bound();
+	r = sop__import_pool((int)fd, &p);
+	if (r == CUDA_SUCCESS)
+		*pool_out = sop__pool_handle(p);
+	return r;
 }
 
 SOP_API CUresult
 sop_pool_export_pointer(CUmemPoolPtrExportData *share_data_out, void *ptr)
 {
-	(void)share_data_out, (void)ptr;
-	return CUDA_ERROR_NOT_SUPPORTED;
+	CUdeviceptr addr = (CUdeviceptr)(uintptr_t)ptr;
+	CUmemPoolPtrExportData d;
+	struct sop__pin *pin;
+	struct sop_pool *p;
+	CUresult r = sop__init();
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!share_data_out || !ptr)
+		return CUDA_ERROR_INVALID_VALUE;
+	pin = sop__pin();
+	p = sop__registry_lookup(addr);
+	r = pool_live(p) ? sop__share_pointer(p, addr, &d) : CUDA_ERROR_INVALID_VALUE;
+	sop__unpin(pin);
+	if (r == CUDA_SUCCESS)
+		*share_data_out = d;
+	return r;
 }
 
 SOP_API CUresult
 sop_pool_import_pointer(void **ptr_out, sop_pool_t pool, CUmemPoolPtrExportData *share_data)
 {
-	(void)ptr_out, (void)pool, (void)share_data;
-	return CUDA_ERROR_NOT_SUPPORTED;
+	struct sop__pin *pin;
+	struct sop_pool *p;
+	void *ptr;
+	CUresult r = sop__init();
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!ptr_out || !share_data)
+		return CUDA_ERROR_INVALID_VALUE;
+	pin = sop__pin();
+	p = pool_usable(pool);
+	r = p && p->imported ? sop__import_pointer(p, share_data, &ptr) : CUDA_ERROR_INVALID_VALUE;
+	sop__unpin(pin);
+	if (r == CUDA_SUCCESS)
+		*ptr_out = ptr;
+	return r;
 }

@@ -73,6 +73,10 @@ sync_complete(const struct sync_mark *marks, size_t n, bool retire)
 		struct sop_pool *pool = pools[i];
 		struct sop__sstream *ss;
 
+		if (pool->imported) {
+			sop__import_sync(pool);
+			continue;
+		}
 		if (!retire && !sync_concerns(pool, marks, n))
 			continue;
 		pthread_mutex_lock(&pool->lock);

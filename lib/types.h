@@ -159,7 +159,10 @@ sop__lock_take_waited(struct sop__lock *l)
 	X(cuMemRelease)                                                                            \
 	X(cuMemMap)                                                                                \
 	X(cuMemUnmap)                                                                              \
-	X(cuMemSetAccess)
+	X(cuMemSetAccess)                                                                          \
+	X(cuMemExportToShareableHandle)                                                            \
+	X(cuMemImportFromShareableHandle)                                                          \
+	X(cuDeviceGetUuid)
 
 struct sop__driver {
 #define SOP_X(name) __typeof__(name) *name;
@@ -276,6 +279,10 @@ struct sop__block {
 	size_t req;      /* ALLOC: the requested bytes */
 	struct sop__sstream *alloc_ss; /* ALLOC: whose used-memory counter holds req */
 	struct sop__segment *seg;
+	/* ALLOC: 0, or the pool's export serial once the allocation has been exported, which the
+	 * export data carries so that data of a block freed since is refused (share.c). Cleared
+	 * when the block is handed out; read and set under the pool lock. */
+	uint64_t gen;
 };
 
 /* A prev link is rewritten by whoever changes the neighbour before it, under the segment lock,
@@ -322,6 +329,10 @@ struct sop__piece {
 	CUdeviceptr va;
 	size_t size;
 	CUmemGenericAllocationHandle handle;
+	/* Names the piece to importers: the pool's count of pieces made when it was made. */
+	uint64_t serial;
+	/* An imported piece (import.c): the live and pending imported pointers that it backs. */
+	size_t refs;
 };
 
 /* Spare block-map leaves (blockmap.c): at most this many on hand. */
@@ -531,6 +542,89 @@ struct sop__stream_ref {
 	uint64_t id;
 };
 
+/* ---- Sharing pools between processes (share.c, import.c) --------------------------------- */
+
+/* An exportable pool's broker: a thread that serves importers. The descriptor sop hands out is
+ * `a`, one end of a SOCK_SEQPACKET pair; the thread reads `b`, where each importer's first
+ * message brings a private connection (a socket of its own), on which its requests for pieces
+ * are then answered. */
+struct sop__broker {
+	struct sop_pool *pool;
+	pthread_t thread;
+	int a, b;
+	int wake[2]; /* a pipe: its write end stops the thread */
+	struct sop__broker *next; /* every running broker, for fork */
+};
+
+/* A pointer imported into an imported pool. */
+struct sop__imported {
+	CUdeviceptr ptr;
+	size_t size;     /* the allocation's requested bytes */
+	size_t count;    /* imports of it not yet freed */
+	CUevent done;    /* its free, once freed: the mapping goes when this has completed */
+};
+
+/* An imported pool: the connection to the exporter's broker, the exporter's pieces mapped here
+ * (at the exporter's offsets in a reservation of its size) and the pointers imported. */
+struct sop__import {
+	pthread_mutex_t lock; /* one request at a time; taken before the pool lock */
+	int fd;               /* the private connection; -1 once closed */
+	/* The rest under the pool lock. */
+	struct sop__piece **pieces; /* mapped, by address */
+	size_t n_pieces, cap_pieces;
+	struct sop__imported *ptrs; /* live and pending, by address */
+	size_t n_ptrs, cap_ptrs, n_pending;
+	uint64_t used, used_high; /* bytes of live imported pointers */
+	struct sop__import *next; /* every connected import, for fork */
+};
+
+/* The wire, between an importer and a broker (SOCK_SEQPACKET: a message is read whole). */
+#define SOP_WIRE_MAGIC 0x736f7049u /* "sopI" */
+#define SOP_WIRE_VERSION 1
+/* Export data, in a CUmemPoolPtrExportData (64 bytes). */
+struct sop__export_data {
+	uint32_t magic;
+	uint16_t version, zero;
+	uint64_t token; /* the pool's */
+	uint64_t off;   /* of the allocation in the pool's reservation */
+	uint64_t size;  /* requested bytes */
+	uint64_t gen;   /* the block's export serial */
+	uint64_t check; /* a function of the above and the token */
+	uint64_t pad[2];
+};
+enum sop__wire_op { SOP_WIRE_HELLO = 1, SOP_WIRE_WELCOME, SOP_WIRE_PIECES, SOP_WIRE_ANSWER };
+struct sop__wire_hello {
+	uint32_t magic, version, op, zero; /* and, as SCM_RIGHTS, the private connection */
+};
+struct sop__wire_welcome {
+	uint32_t magic, version, op;
+	int32_t status; /* a CUresult */
+	uint64_t token, va_size, granularity, max_size;
+	CUmemLocation location;
+	uint32_t handle_types;
+	CUuuid uuid; /* the resident device's */
+};
+/* Pieces an importer already maps are named in have, so that their handles do not travel. */
+#define SOP_WIRE_HAVE 32
+struct sop__wire_request {
+	uint32_t magic, version, op, n_have;
+	struct sop__export_data data;
+	uint64_t have[SOP_WIRE_HAVE];
+};
+/* At most this many pieces per answer message; n_total says how many follow in all. Each
+ * piece with fd set comes with a descriptor, in order, as SCM_RIGHTS. */
+#define SOP_WIRE_PIECES_MAX 64
+struct sop__wire_piece {
+	uint64_t serial, off, size;
+	uint32_t fd, zero;
+};
+struct sop__wire_answer {
+	uint32_t magic, version, op;
+	int32_t status;
+	uint32_t n_total, n_here;
+	struct sop__wire_piece pieces[SOP_WIRE_PIECES_MAX];
+};
+
 /* ---- Pools (pool.c) ---------------------------------------------------------------------- */
 
 /* The hot paths of many threads read the first group of a pool's fields on every call: they
@@ -546,6 +640,7 @@ struct sop_pool {
 	bool host; /* located on the host (HOST or HOST_NUMA): pinned host memory */
 	CUcontext ctx; /* the device's primary context, retained for driver calls */
 	bool is_default;
+	bool imported; /* made by sop_pool_import_from_shareable_handle: pool->import */
 	atomic_bool destroyed; /* sop_pool_destroy was called; torn down once empty */
 	atomic_bool dead; /* torn down; the object is freed once no call can be reading it */
 	size_t granularity;
@@ -584,6 +679,13 @@ struct sop_pool {
 	size_t n_streams, retire_at; /* a retirement pass when n_streams reaches retire_at */
 	int64_t retired_hw; /* the highs of states retired since the last fold (sop__pool_used) */
 
+	/* Sharing: the token that export data carries, counts that name pieces and exports, the
+	 * broker of an exported pool, the state of an imported one (and what it still maps or has
+	 * imported, which keeps the pool from being torn down). */
+	uint64_t token, piece_serial, export_serial;
+	struct sop__broker *broker;
+	struct sop__import *import;
+	size_t imports_held;
 	CUmemAccessDesc *access; /* peers granted access, besides the owner */
 	size_t n_access;
 	uint64_t used_high; /* pool lock; see sop__pool_used */

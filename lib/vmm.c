@@ -16,14 +16,38 @@
 
 #include "internal.h"
 
+/* Map a physical allocation at va and open it to the pool's owner and the devices granted
+ * access; on a failure nothing stays mapped. Context current. */
+CUresult
+sop__piece_open(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h)
+{
+	CUmemAccessDesc *desc;
+	CUresult r;
+	size_t i;
+
+	desc = calloc(pool->n_access + 1, sizeof *desc);
+	if (!desc)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	desc[0].location = pool->props.location;
+	desc[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	for (i = 0; i < pool->n_access; i++)
+		desc[i + 1] = pool->access[i];
+	r = SOP_DRV(cuMemMap)(va, size, 0, h, 0);
+	if (r == CUDA_SUCCESS) {
+		r = SOP_DRV(cuMemSetAccess)(va, size, desc, pool->n_access + 1);
+		if (r != CUDA_SUCCESS)
+			SOP_DRV(cuMemUnmap)(va, size);
+	}
+	free(desc);
+	return r;
+}
+
 /* Create, map and open one physical allocation of size bytes at va. */
 CUresult
 sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle *h)
 {
 	CUmemAllocationProp prop = {0};
-	CUmemAccessDesc *desc;
 	CUresult r;
-	size_t i;
 
 	/* Counted against the device's limit before the driver is asked, so that growths of
 	 * several pools at once never pass it together (limit.c). */
@@ -32,35 +56,14 @@ sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGenericA
 	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
 	prop.location = pool->props.location;
 	prop.requestedHandleTypes = pool->props.handleTypes;
-	desc = calloc(pool->n_access + 1, sizeof *desc);
-	if (!desc) {
-		if (!pool->host)
-			sop__limit_discharge(pool->device, size);
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	}
-	desc[0].location = pool->props.location;
-	desc[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-	for (i = 0; i < pool->n_access; i++)
-		desc[i + 1] = pool->access[i];
-
 	r = SOP_DRV(cuMemCreate)(h, size, &prop, 0);
-	if (r != CUDA_SUCCESS)
-		goto out;
-	r = SOP_DRV(cuMemMap)(va, size, 0, *h, 0);
-	if (r != CUDA_SUCCESS)
-		goto release;
-	r = SOP_DRV(cuMemSetAccess)(va, size, desc, pool->n_access + 1);
-	if (r != CUDA_SUCCESS)
-		goto unmap;
-	goto out;
-unmap:
-	SOP_DRV(cuMemUnmap)(va, size);
-release:
-	SOP_DRV(cuMemRelease)(*h);
-out:
+	if (r == CUDA_SUCCESS) {
+		r = sop__piece_open(pool, va, size, *h);
+		if (r != CUDA_SUCCESS)
+			SOP_DRV(cuMemRelease)(*h);
+	}
 	if (r != CUDA_SUCCESS && !pool->host)
 		sop__limit_discharge(pool->device, size);
-	free(desc);
 	return r;
 }
 

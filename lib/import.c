@@ -1,0 +1,752 @@
+/* import.c - the importing side of a pool shared between processes: a pool that stands for the
+ * exported one, pointers imported into it, and their frees.
+ *
+ * The imported pool reserves as many addresses as the exporter's pool, and maps each piece of
+ * the exporter at the piece's own offset, so that an allocation that spans several pieces is
+ * contiguous here as there. Pieces are asked for when a pointer needs them (share.c answers),
+ * mapped once however many pointers they back, and unmapped when the last of those has been
+ * freed and its free has completed: an importer never pins memory the exporter has let go, and
+ * a piece the exporter releases and makes again elsewhere is a new serial here.
+ *
+ * Locks: the import's lock, for one exchange with the broker at a time, then the pool lock.
+ * Nothing waits on the socket with the pool lock held.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* How long an importer waits for an exporter's broker before it gives up on it. */
+#define IMPORT_WAIT_S 5
+
+/* Every import with a connection, so that a forked child can let go of its copies. */
+static pthread_mutex_t imports_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sop__import *imports;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void
+fork_prepare(void)
+{
+	pthread_mutex_lock(&imports_lock);
+}
+
+static void
+fork_parent(void)
+{
+	pthread_mutex_unlock(&imports_lock);
+}
+
+/* A child shares its parent's connections: an answer could reach the wrong process. The child's
+ * imports are closed (doc/differences.md). */
+static void
+fork_child(void)
+{
+	struct sop__import *im;
+
+	for (im = imports; im; im = im->next) {
+		close(im->fd);
+		im->fd = -1;
+	}
+	imports = NULL;
+	pthread_mutex_unlock(&imports_lock);
+}
+
+static void
+fork_register(void)
+{
+	pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+static void
+imports_unlink(struct sop__import *im)
+{
+	struct sop__import **pp;
+
+	pthread_mutex_lock(&imports_lock);
+	for (pp = &imports; *pp; pp = &(*pp)->next)
+		if (*pp == im) {
+			*pp = im->next;
+			break;
+		}
+	pthread_mutex_unlock(&imports_lock);
+}
+
+static void
+conn_close(struct sop__import *im)
+{
+	if (im->fd >= 0) {
+		imports_unlink(im);
+		close(im->fd);
+		im->fd = -1;
+	}
+}
+
+/* ---- Importing a pool ------------------------------------------------------------------------ */
+
+/* Send the hello, with the connection of our own, on the exported descriptor. */
+static bool
+hello_send(int shared, int theirs)
+{
+	struct sop__wire_hello h = {SOP_WIRE_MAGIC, SOP_WIRE_VERSION, SOP_WIRE_HELLO, 0};
+	char cbuf[CMSG_SPACE(sizeof(int))] = {0};
+	struct iovec iov = {&h, sizeof h};
+	struct msghdr m = {0};
+	struct cmsghdr *c = (struct cmsghdr *)cbuf;
+
+	m.msg_iov = &iov;
+	m.msg_iovlen = 1;
+	m.msg_control = cbuf;
+	m.msg_controllen = sizeof cbuf;
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &theirs, sizeof theirs);
+	/* Not waiting: a descriptor of something else, or an exporter gone, fails here. */
+	return sendmsg(shared, &m, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof h;
+}
+
+/* The device whose UUID this is, or -1. */
+static CUdevice
+device_of_uuid(const CUuuid *uuid)
+{
+	int n = sop__device_count(), d;
+
+	for (d = 0; d < n; d++) {
+		CUuuid u;
+		if (SOP_DRV(cuDeviceGetUuid)(&u, d) == CUDA_SUCCESS &&
+		    !memcmp(u.bytes, uuid->bytes, sizeof u.bytes))
+			return d;
+	}
+	return -1;
+}
+
+CUresult
+sop__import_pool(int shared, struct sop_pool **out)
+{
+	struct sop__wire_welcome w;
+	struct timeval tv = {IMPORT_WAIT_S, 0};
+	CUmemPoolProps props = {0};
+	struct sop__import *im;
+	struct sop_pool *pool;
+	int sv[2];
+	CUresult r;
+
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
+		return errno == EMFILE || errno == ENFILE ? CUDA_ERROR_OUT_OF_MEMORY
+							  : CUDA_ERROR_OPERATING_SYSTEM;
+	setsockopt(sv[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	setsockopt(sv[0], SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	if (!hello_send(shared, sv[1])) {
+		close(sv[0]);
+		close(sv[1]);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	close(sv[1]);
+	/* A socket nobody answers on (not a sop pool's) times out; a closed broker reads 0. */
+	if (recv(sv[0], &w, sizeof w, 0) != (ssize_t)sizeof w || w.magic != SOP_WIRE_MAGIC ||
+	    w.version != SOP_WIRE_VERSION || w.op != SOP_WIRE_WELCOME || w.status ||
+	    !w.va_size || !w.token) {
+		close(sv[0]);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+	props.location = w.location;
+	props.handleTypes = (CUmemAllocationHandleType)w.handle_types;
+	props.maxSize = w.max_size;
+	if (w.location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+	    (props.location.id = device_of_uuid(&w.uuid)) < 0) {
+		close(sv[0]);
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+	im = calloc(1, sizeof *im);
+	if (!im) {
+		close(sv[0]);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	pthread_mutex_init(&im->lock, NULL);
+	im->fd = sv[0];
+	r = sop__pool_new(&props, false, w.va_size, &pool);
+	if (r == CUDA_SUCCESS && pool->granularity != w.granularity) {
+		/* Pieces could not be mapped at the exporter's offsets. */
+		sop__pool_destroy(pool);
+		r = CUDA_ERROR_NOT_SUPPORTED;
+	}
+	if (r != CUDA_SUCCESS) {
+		close(sv[0]);
+		pthread_mutex_destroy(&im->lock);
+		free(im);
+		return r;
+	}
+	pool->token = w.token;
+	pool->import = im;
+	pool->imported = true;
+	pthread_once(&fork_once, fork_register);
+	pthread_mutex_lock(&imports_lock);
+	im->next = imports;
+	imports = im;
+	pthread_mutex_unlock(&imports_lock);
+	*out = pool;
+	return CUDA_SUCCESS;
+}
+
+/* ---- Pieces and imported pointers (pool lock held) -------------------------------------------- */
+
+/* The first mapped piece that ends after va. */
+static size_t
+piece_index(const struct sop__import *im, CUdeviceptr va)
+{
+	size_t lo = 0, hi = im->n_pieces;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (im->pieces[mid]->va + im->pieces[mid]->size <= va)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+static size_t
+ptr_index(const struct sop__import *im, CUdeviceptr ptr)
+{
+	size_t lo = 0, hi = im->n_ptrs;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (im->ptrs[mid].ptr < ptr)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+static void
+held_update(struct sop_pool *pool)
+{
+	pool->imports_held = pool->import->n_pieces + pool->import->n_ptrs;
+}
+
+/* Unmap and release a piece no pointer uses. Context current. */
+static void
+piece_drop(struct sop_pool *pool, size_t i)
+{
+	struct sop__import *im = pool->import;
+	struct sop__piece *pc = im->pieces[i];
+
+	if (SOP_DRV(cuMemUnmap)(pc->va, pc->size) == CUDA_SUCCESS) {
+		if (SOP_DRV(cuMemRelease)(pc->handle) != CUDA_SUCCESS)
+			sop__orphan_keep(pool, pc->handle);
+	} else {
+		/* Still mapped: kept, and counted, rather than lost. */
+		return;
+	}
+	atomic_store(&pool->reserved, atomic_load(&pool->reserved) - pc->size);
+	memmove(&im->pieces[i], &im->pieces[i + 1], (im->n_pieces - i - 1) * sizeof *im->pieces);
+	im->n_pieces--;
+	free(pc);
+}
+
+/* Add delta to the references of the pieces under [ptr, ptr + size); with a drop to zero, the
+ * piece goes. Context current. */
+static void
+pieces_ref(struct sop_pool *pool, CUdeviceptr ptr, size_t size, int delta)
+{
+	struct sop__import *im = pool->import;
+	size_t i = piece_index(im, ptr);
+
+	while (i < im->n_pieces && im->pieces[i]->va < ptr + size) {
+		struct sop__piece *pc = im->pieces[i];
+		if (delta > 0) {
+			pc->refs++;
+		} else if (!--pc->refs) {
+			size_t before = im->n_pieces;
+			piece_drop(pool, i);
+			if (im->n_pieces < before)
+				continue;
+		}
+		i++;
+	}
+}
+
+/* Forget record i: its pointer is freed and the free has completed. Context current. */
+static void
+ptr_drop(struct sop_pool *pool, size_t i)
+{
+	struct sop__import *im = pool->import;
+	struct sop__imported rec = im->ptrs[i];
+
+	memmove(&im->ptrs[i], &im->ptrs[i + 1], (im->n_ptrs - i - 1) * sizeof *im->ptrs);
+	im->n_ptrs--;
+	if (rec.done) {
+		SOP_DRV(cuEventDestroy)(rec.done);
+		im->n_pending--;
+	}
+	pieces_ref(pool, rec.ptr, rec.size, -1);
+}
+
+/* Close the connection and free the tables of a destroyed import with nothing left. */
+static void
+import_close(struct sop_pool *pool)
+{
+	struct sop__import *im = pool->import;
+
+	conn_close(im);
+	if (!im->n_ptrs && !im->n_pieces) {
+		free(im->ptrs);
+		free(im->pieces);
+		im->ptrs = NULL;
+		im->pieces = NULL;
+		im->cap_ptrs = im->cap_pieces = 0;
+	}
+}
+
+/* Forget the pointers whose frees have completed (all of them, waiting, with wait). Pool lock
+ * held; returns true if that tore the pool down (the lock is then released). */
+static bool
+reap(struct sop_pool *pool, bool wait)
+{
+	struct sop__import *im = pool->import;
+	size_t i;
+	int mode;
+
+	if (im->n_pending && sop__pool_ctx_push(pool) == CUDA_SUCCESS) {
+		mode = sop__capture_relax();
+		for (i = im->n_ptrs; i-- > 0;) {
+			CUevent ev = im->ptrs[i].done;
+			if (!ev)
+				continue;
+			if ((wait ? SOP_DRV(cuEventSynchronize)(ev) : SOP_DRV(cuEventQuery)(ev)) ==
+			    CUDA_SUCCESS)
+				ptr_drop(pool, i);
+		}
+		sop__capture_restore(mode);
+		sop__pool_ctx_pop(pool);
+	}
+	held_update(pool);
+	if (atomic_load(&pool->destroyed)) {
+		import_close(pool);
+		return sop__pool_reap(pool);
+	}
+	return false;
+}
+
+void
+sop__import_sync(struct sop_pool *pool)
+{
+	if (!__atomic_load_n(&pool->import->n_pending, __ATOMIC_RELAXED) &&
+	    !atomic_load(&pool->destroyed))
+		return;
+	pthread_mutex_lock(&pool->lock);
+	if (atomic_load(&pool->dead) || !reap(pool, false))
+		pthread_mutex_unlock(&pool->lock);
+}
+
+/* ---- Importing a pointer --------------------------------------------------------------------- */
+
+/* Ask the broker for the pieces under the allocation d names. The answer's pieces in *v
+ * (malloc'd) and their descriptors in *fds (-1 where the importer said it had the piece). */
+static CUresult
+ask(struct sop__import *im, const struct sop__wire_request *q, struct sop__wire_piece **v_out,
+    int **fds_out, size_t *n_out)
+{
+	struct sop__wire_answer a;
+	struct sop__wire_piece *v = NULL;
+	int *fds = NULL;
+	size_t n = 0, total = 0, i;
+	CUresult r = CUDA_SUCCESS;
+
+	if (send(im->fd, q, sizeof *q, MSG_NOSIGNAL) != (ssize_t)sizeof *q)
+		return CUDA_ERROR_INVALID_VALUE;
+	do {
+		char cbuf[CMSG_SPACE(SOP_WIRE_PIECES_MAX * sizeof(int))];
+		struct iovec iov = {&a, sizeof a};
+		struct msghdr m = {0};
+		struct cmsghdr *c;
+		size_t n_fd = 0, k;
+		int got_fds[SOP_WIRE_PIECES_MAX];
+
+		m.msg_iov = &iov;
+		m.msg_iovlen = 1;
+		m.msg_control = cbuf;
+		m.msg_controllen = sizeof cbuf;
+		if (recvmsg(im->fd, &m, MSG_CMSG_CLOEXEC) != (ssize_t)sizeof a) {
+			r = CUDA_ERROR_INVALID_VALUE;
+			/* The connection is out of step, or gone: no later call may use it. */
+			conn_close(im);
+			break;
+		}
+		for (c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+			if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+				for (k = 0; k < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); k++)
+					if (n_fd < SOP_WIRE_PIECES_MAX)
+						memcpy(&got_fds[n_fd++], CMSG_DATA(c) + k * sizeof(int),
+						       sizeof(int));
+		if (a.magic != SOP_WIRE_MAGIC || a.op != SOP_WIRE_ANSWER || a.status ||
+		    a.n_here > SOP_WIRE_PIECES_MAX || (total && a.n_total != total) ||
+		    n + a.n_here > a.n_total || (m.msg_flags & MSG_CTRUNC)) {
+			r = a.magic == SOP_WIRE_MAGIC && a.status ? (CUresult)a.status
+								 : CUDA_ERROR_INVALID_VALUE;
+			for (k = 0; k < n_fd; k++)
+				close(got_fds[k]);
+			break;
+		}
+		total = a.n_total;
+		if (!v) {
+			v = calloc(total ? total : 1, sizeof *v);
+			fds = calloc(total ? total : 1, sizeof *fds);
+			if (!v || !fds) {
+				for (k = 0; k < n_fd; k++)
+					close(got_fds[k]);
+				r = CUDA_ERROR_OUT_OF_MEMORY;
+				break;
+			}
+		}
+		for (k = 0, i = 0; k < a.n_here; k++) {
+			v[n + k] = a.pieces[k];
+			fds[n + k] = a.pieces[k].fd && i < n_fd ? got_fds[i++] : -1;
+		}
+		for (; i < n_fd; i++)
+			close(got_fds[i]);
+		n += a.n_here;
+	} while (n < total);
+	if (r != CUDA_SUCCESS) {
+		for (i = 0; i < n; i++)
+			if (fds[i] >= 0)
+				close(fds[i]);
+		free(v);
+		free(fds);
+		return r;
+	}
+	*v_out = v;
+	*fds_out = fds;
+	*n_out = n;
+	return CUDA_SUCCESS;
+}
+
+/* Room for n more pieces and one more pointer record. */
+static bool
+tables_reserve(struct sop__import *im, size_t n)
+{
+	if (im->n_pieces + n > im->cap_pieces) {
+		size_t c = 2 * im->cap_pieces + n;
+		struct sop__piece **v = realloc(im->pieces, c * sizeof *v);
+		if (!v)
+			return false;
+		im->pieces = v;
+		im->cap_pieces = c;
+	}
+	if (im->n_ptrs == im->cap_ptrs) {
+		size_t c = im->cap_ptrs ? 2 * im->cap_ptrs : 16;
+		struct sop__imported *v = realloc(im->ptrs, c * sizeof *v);
+		if (!v)
+			return false;
+		im->ptrs = v;
+		im->cap_ptrs = c;
+	}
+	return true;
+}
+
+/* Map what the answer names and is not mapped yet. CUDA_ERROR_NOT_FOUND: a piece the request
+ * said we had is gone meanwhile (ask again, naming none); CUDA_ERROR_ALREADY_MAPPED: another
+ * piece still holds its place. Pool lock held, context current; pieces mapped here before a
+ * failure stay, unreferenced, for the caller to drop. */
+static CUresult
+pieces_map(struct sop_pool *pool, const struct sop__wire_piece *v, int *fds, size_t n)
+{
+	struct sop__import *im = pool->import;
+	size_t k;
+
+	for (k = 0; k < n; k++) {
+		CUdeviceptr va = pool->va_base + v[k].off;
+		size_t i = piece_index(im, va);
+		struct sop__piece *pc;
+		CUmemGenericAllocationHandle h;
+		CUresult r;
+
+		if (i < im->n_pieces && im->pieces[i]->va < va + v[k].size) {
+			if (im->pieces[i]->serial == v[k].serial && im->pieces[i]->va == va &&
+			    im->pieces[i]->size == v[k].size)
+				continue;
+			return CUDA_ERROR_ALREADY_MAPPED;
+		}
+		if (fds[k] < 0)
+			return CUDA_ERROR_NOT_FOUND;
+		if (v[k].off % pool->granularity || v[k].size % pool->granularity || !v[k].size ||
+		    v[k].off >= pool->va_size || v[k].size > pool->va_size - v[k].off)
+			return CUDA_ERROR_INVALID_VALUE;
+		pc = calloc(1, sizeof *pc);
+		if (!pc)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		r = SOP_DRV(cuMemImportFromShareableHandle)(&h, (void *)(uintptr_t)fds[k],
+							     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+		close(fds[k]);
+		fds[k] = -1;
+		if (r == CUDA_SUCCESS) {
+			r = sop__piece_open(pool, va, v[k].size, h);
+			if (r != CUDA_SUCCESS)
+				SOP_DRV(cuMemRelease)(h);
+		}
+		if (r != CUDA_SUCCESS) {
+			free(pc);
+			return r;
+		}
+		pc->va = va;
+		pc->size = v[k].size;
+		pc->handle = h;
+		pc->serial = v[k].serial;
+		memmove(&im->pieces[i + 1], &im->pieces[i], (im->n_pieces - i) * sizeof *im->pieces);
+		im->pieces[i] = pc;
+		im->n_pieces++;
+		sop__reserved_add(pool, pc->size);
+	}
+	return CUDA_SUCCESS;
+}
+
+/* Drop the pieces that no pointer references (those mapped by a call that failed). */
+static void
+pieces_unused_drop(struct sop_pool *pool)
+{
+	struct sop__import *im = pool->import;
+	size_t i;
+
+	for (i = im->n_pieces; i-- > 0;)
+		if (!im->pieces[i]->refs)
+			piece_drop(pool, i);
+}
+
+/* One attempt: ask, then map. with_have: name the pieces mapped already. */
+static CUresult
+import_once(struct sop_pool *pool, const struct sop__export_data *d, bool with_have,
+	    bool *retry_wait)
+{
+	struct sop__import *im = pool->import;
+	struct sop__wire_request q = {0};
+	struct sop__wire_piece *v = NULL;
+	CUdeviceptr ptr = pool->va_base + d->off;
+	int *fds = NULL;
+	size_t n = 0, i;
+	CUresult r;
+
+	q.magic = SOP_WIRE_MAGIC;
+	q.version = SOP_WIRE_VERSION;
+	q.op = SOP_WIRE_PIECES;
+	q.data = *d;
+	pthread_mutex_lock(&pool->lock);
+	if (with_have)
+		for (i = piece_index(im, ptr);
+		     i < im->n_pieces && im->pieces[i]->va < ptr + d->size && q.n_have < SOP_WIRE_HAVE;
+		     i++)
+			q.have[q.n_have++] = im->pieces[i]->serial;
+	pthread_mutex_unlock(&pool->lock);
+
+	r = ask(im, &q, &v, &fds, &n);
+	if (r != CUDA_SUCCESS)
+		return r;
+	pthread_mutex_lock(&pool->lock);
+	r = sop__pool_ctx_push(pool);
+	if (r == CUDA_SUCCESS) {
+		if (!tables_reserve(im, n))
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+		else
+			r = pieces_map(pool, v, fds, n);
+		if (r == CUDA_SUCCESS) {
+			size_t at = ptr_index(im, ptr);
+			if (at < im->n_ptrs && im->ptrs[at].ptr == ptr && !im->ptrs[at].done &&
+			    im->ptrs[at].size == d->size) {
+				im->ptrs[at].count++;
+			} else {
+				memmove(&im->ptrs[at + 1], &im->ptrs[at],
+					(im->n_ptrs - at) * sizeof *im->ptrs);
+				im->ptrs[at] = (struct sop__imported){ptr, d->size, 1, NULL};
+				im->n_ptrs++;
+				pieces_ref(pool, ptr, d->size, 1);
+			}
+			im->used += d->size;
+			if (im->used > im->used_high)
+				im->used_high = im->used;
+		} else {
+			pieces_unused_drop(pool);
+		}
+		sop__pool_ctx_pop(pool);
+	}
+	held_update(pool);
+	/* A piece still in the way may be one whose pointers' frees are pending: worth a wait. */
+	*retry_wait = r == CUDA_ERROR_ALREADY_MAPPED && im->n_pending;
+	pthread_mutex_unlock(&pool->lock);
+	for (i = 0; i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	free(v);
+	free(fds);
+	return r;
+}
+
+CUresult
+sop__import_pointer(struct sop_pool *pool, const CUmemPoolPtrExportData *data, void **out)
+{
+	struct sop__import *im = pool->import;
+	struct sop__export_data d;
+	bool retry_wait = false;
+	CUresult r;
+	int attempt;
+
+	memcpy(&d, data, sizeof d);
+	if (d.magic != SOP_WIRE_MAGIC || d.version != SOP_WIRE_VERSION ||
+	    d.check != sop__share_check(&d) || d.token != pool->token || !d.size ||
+	    d.off >= pool->va_size || d.size > pool->va_size - d.off)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&im->lock);
+	pthread_mutex_lock(&pool->lock);
+	if (atomic_load(&pool->destroyed) || im->fd < 0) {
+		pthread_mutex_unlock(&pool->lock);
+		pthread_mutex_unlock(&im->lock);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	reap(pool, false);
+	pthread_mutex_unlock(&pool->lock);
+	r = import_once(pool, &d, true, &retry_wait);
+	for (attempt = 0; attempt < 2 && (r == CUDA_ERROR_NOT_FOUND || retry_wait); attempt++) {
+		if (retry_wait) {
+			pthread_mutex_lock(&pool->lock);
+			reap(pool, true);
+			pthread_mutex_unlock(&pool->lock);
+		}
+		r = im->fd < 0 ? CUDA_ERROR_INVALID_VALUE : import_once(pool, &d, false, &retry_wait);
+	}
+	pthread_mutex_unlock(&im->lock);
+	if (r == CUDA_ERROR_NOT_FOUND || r == CUDA_ERROR_ALREADY_MAPPED)
+		/* What the importer still holds of memory the exporter has let go: against the
+		 * driver's rule that importers free first. */
+		r = CUDA_ERROR_INVALID_VALUE;
+	if (r == CUDA_SUCCESS)
+		*out = (void *)(uintptr_t)(pool->va_base + d.off);
+	return r;
+}
+
+/* ---- Frees ---------------------------------------------------------------------------------- */
+
+/* An event recorded on stream after the free, in the stream's context. */
+static CUresult
+free_event(CUstream stream, CUevent *out)
+{
+	CUcontext ctx = NULL;
+	CUresult r = CUDA_SUCCESS;
+	bool pushed = false;
+
+	if (!sop__stream_special(stream)) {
+		r = SOP_DRV(cuStreamGetCtx)(stream, &ctx);
+		if (r == CUDA_SUCCESS)
+			r = SOP_DRV(cuCtxPushCurrent)(ctx);
+		pushed = r == CUDA_SUCCESS;
+	}
+	if (r == CUDA_SUCCESS)
+		r = SOP_DRV(cuEventCreate)(out, CU_EVENT_DISABLE_TIMING);
+	if (r == CUDA_SUCCESS) {
+		r = SOP_DRV(cuEventRecord)(*out, stream);
+		if (r != CUDA_SUCCESS)
+			SOP_DRV(cuEventDestroy)(*out);
+	}
+	if (pushed)
+		SOP_DRV(cuCtxPopCurrent)(&ctx);
+	return r;
+}
+
+CUresult
+sop__import_free(struct sop_pool *pool, CUdeviceptr addr, CUstream stream, bool now)
+{
+	struct sop__import *im = pool->import;
+	CUevent ev = NULL;
+	CUresult r = CUDA_SUCCESS;
+	size_t i;
+
+	pthread_mutex_lock(&pool->lock);
+	i = ptr_index(im, addr);
+	if (atomic_load(&pool->dead) || i == im->n_ptrs || im->ptrs[i].ptr != addr ||
+	    im->ptrs[i].done) {
+		pthread_mutex_unlock(&pool->lock);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	im->used -= im->ptrs[i].size;
+	if (--im->ptrs[i].count) {
+		pthread_mutex_unlock(&pool->lock);
+		return CUDA_SUCCESS;
+	}
+	if (now) {
+		if ((r = sop__pool_ctx_push(pool)) == CUDA_SUCCESS) {
+			ptr_drop(pool, i);
+			sop__pool_ctx_pop(pool);
+		}
+	} else if ((r = free_event(stream, &ev)) == CUDA_SUCCESS) {
+		im->ptrs[i].done = ev;
+		im->n_pending++;
+	}
+	if (r != CUDA_SUCCESS) {
+		im->ptrs[i].count++;
+		im->used += im->ptrs[i].size;
+	}
+	if (!reap(pool, false))
+		pthread_mutex_unlock(&pool->lock);
+	return r;
+}
+
+/* ---- What the public calls read --------------------------------------------------------------- */
+
+CUresult
+sop__import_block(struct sop_pool *pool, CUdeviceptr addr, CUdeviceptr *start, size_t *size)
+{
+	struct sop__import *im = pool->import;
+	CUresult r = CUDA_ERROR_INVALID_VALUE;
+	size_t i;
+
+	pthread_mutex_lock(&pool->lock);
+	i = ptr_index(im, addr + 1);
+	if (i > 0 && !im->ptrs[i - 1].done && addr - im->ptrs[i - 1].ptr < im->ptrs[i - 1].size) {
+		if (start)
+			*start = im->ptrs[i - 1].ptr;
+		if (size)
+			*size = im->ptrs[i - 1].size;
+		r = CUDA_SUCCESS;
+	}
+	pthread_mutex_unlock(&pool->lock);
+	return r;
+}
+
+CUresult
+sop__import_used(struct sop_pool *pool, CUmemPool_attribute attr, void *value, bool set)
+{
+	struct sop__import *im = pool->import;
+	cuuint64_t v;
+
+	pthread_mutex_lock(&pool->lock);
+	if (set)
+		im->used_high = im->used;
+	v = attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT ? im->used : im->used_high;
+	pthread_mutex_unlock(&pool->lock);
+	if (!set)
+		memcpy(value, &v, sizeof v);
+	return CUDA_SUCCESS;
+}
+
+void
+sop__import_destroy(struct sop_pool *pool)
+{
+	struct sop__import *im = pool->import;
+
+	/* No request in flight from here on: the import's lock orders it after any. */
+	pthread_mutex_lock(&im->lock);
+	sop__forget_current(pool); /* marks it destroyed */
+	pthread_mutex_lock(&pool->lock);
+	if (!reap(pool, false))
+		pthread_mutex_unlock(&pool->lock);
+	pthread_mutex_unlock(&im->lock);
+}

@@ -1,0 +1,541 @@
+/* share.c - the exporting side of a pool shared between processes: export data for an
+ * allocation, and the broker that hands an exported pool's physical pieces to importers.
+ *
+ * A pool is many physical pieces, made and released as it grows and shrinks, and an importer may
+ * need any of them, including pieces made after it imported the pool. So the descriptor sop
+ * exports is not a piece's: it is one end of a socket pair whose other end a thread of the
+ * exporter (the broker) reads. An importer sends on it, once, a connection of its own (a socket,
+ * as SCM_RIGHTS); then, per imported pointer, it asks on that connection for the pieces under
+ * the allocation, and the broker answers with their serials, offsets and sizes, and exports as
+ * descriptors those the importer does not map yet. Nothing is exported ahead of time, and the
+ * exporter keeps no piece's descriptor open. A message on the shared end is one datagram of a
+ * SOCK_SEQPACKET socket, so importers of many processes never interleave there, and when the
+ * exporter exits, or destroys the pool, its ends close and every importer's next call fails
+ * cleanly (doc/design.md, Sharing pools).
+ *
+ * The broker takes the pool lock for the length of a lookup, and never sends with it held.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* ---- Export data ----------------------------------------------------------------------------- */
+
+uint64_t
+sop__share_check(const struct sop__export_data *d)
+{
+	uint64_t h = d->token ^ 0x736f7020706f6f6cull;
+
+	h = (h ^ d->off) * 0x9e3779b97f4a7c15ull;
+	h = (h ^ d->size) * 0xc2b2ae3d27d4eb4full;
+	h = (h ^ d->gen) * 0x165667b19e3779f9ull;
+	return h ^ (h >> 29);
+}
+
+CUresult
+sop__share_pointer(struct sop_pool *pool, CUdeviceptr addr, CUmemPoolPtrExportData *out)
+{
+	struct sop__export_data d = {0};
+	struct sop__block *b;
+
+	if (!(pool->props.handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) || pool->imported)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&pool->lock);
+	b = atomic_load(&pool->dead) ? NULL : sop__map_get(pool, addr);
+	if (!b || atomic_load_explicit(&b->tag, memory_order_acquire) !=
+			  sop__tag(addr, SOP_BLOCK_ALLOC)) {
+		pthread_mutex_unlock(&pool->lock);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	/* Exported once per allocation: later exports of it carry the same serial, and its next
+	 * hand-out clears it, so that data of this allocation names nothing after its free. */
+	if (!__atomic_load_n(&b->gen, __ATOMIC_RELAXED))
+		__atomic_store_n(&b->gen, ++pool->export_serial, __ATOMIC_RELAXED);
+	d.magic = SOP_WIRE_MAGIC;
+	d.version = SOP_WIRE_VERSION;
+	d.token = pool->token;
+	d.off = addr - pool->va_base;
+	d.size = __atomic_load_n(&b->req, __ATOMIC_RELAXED);
+	d.gen = __atomic_load_n(&b->gen, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&pool->lock);
+	d.check = sop__share_check(&d);
+	_Static_assert(sizeof d <= sizeof *out, "export data fits the driver's");
+	memset(out, 0, sizeof *out);
+	memcpy(out, &d, sizeof d);
+	return CUDA_SUCCESS;
+}
+
+/* ---- The broker ------------------------------------------------------------------------------ */
+
+/* Every running broker, so that a forked child can let go of its copies of their sockets. */
+static pthread_mutex_t brokers_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sop__broker *brokers;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void
+fork_prepare(void)
+{
+	pthread_mutex_lock(&brokers_lock);
+}
+
+static void
+fork_parent(void)
+{
+	pthread_mutex_unlock(&brokers_lock);
+}
+
+/* The child has no broker threads. It closes its copies of their sockets, so that an exporter
+ * that exits leaves no open end behind in a child that outlives it (importers would wait on it
+ * rather than fail), and its pools export nothing more (doc/differences.md). */
+static void
+fork_child(void)
+{
+	struct sop__broker *bk;
+
+	for (bk = brokers; bk; bk = bk->next) {
+		close(bk->b);
+		close(bk->wake[0]);
+		close(bk->wake[1]);
+		bk->b = bk->wake[0] = bk->wake[1] = -1;
+	}
+	pthread_mutex_unlock(&brokers_lock);
+}
+
+static void
+fork_register(void)
+{
+	pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+/* The pieces of seg under [addr, addr + size), from the one that holds addr. */
+static size_t
+pieces_from(const struct sop__segment *seg, CUdeviceptr addr)
+{
+	size_t lo = 0, hi = seg->n_pieces;
+
+	while (hi - lo > 1) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (seg->pieces[mid]->va <= addr)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+static bool
+had(const struct sop__wire_request *q, uint64_t serial)
+{
+	uint32_t i;
+
+	for (i = 0; i < q->n_have && i < SOP_WIRE_HAVE; i++)
+		if (q->have[i] == serial)
+			return true;
+	return false;
+}
+
+/* What a request asks for, looked up under the pool lock: the pieces under the allocation in
+ * *out (malloc'd), each exported as a descriptor unless the importer has it. */
+static CUresult
+answer_make(struct sop_pool *pool, const struct sop__wire_request *q, struct sop__wire_piece **out,
+	    int **fds_out, size_t *n_out)
+{
+	const struct sop__export_data *d = &q->data;
+	struct sop__wire_piece *v = NULL;
+	struct sop__segment *seg;
+	struct sop__block *b;
+	CUdeviceptr addr, end;
+	size_t i, n = 0, cap = 0;
+	int *fds = NULL, mode;
+	CUresult r = CUDA_ERROR_INVALID_VALUE;
+
+	if (d->magic != SOP_WIRE_MAGIC || d->version != SOP_WIRE_VERSION ||
+	    d->check != sop__share_check(d) || d->token != pool->token || !d->gen || !d->size ||
+	    d->off >= pool->va_size || d->size > pool->va_size - d->off)
+		return CUDA_ERROR_INVALID_VALUE;
+	addr = pool->va_base + d->off;
+	end = addr + d->size;
+	mode = sop__capture_relax();
+	pthread_mutex_lock(&pool->lock);
+	if (atomic_load(&pool->dead) || atomic_load(&pool->destroyed))
+		goto out;
+	b = sop__map_get(pool, addr);
+	if (!b || atomic_load_explicit(&b->tag, memory_order_acquire) !=
+			  sop__tag(addr, SOP_BLOCK_ALLOC) ||
+	    __atomic_load_n(&b->gen, __ATOMIC_RELAXED) != d->gen ||
+	    __atomic_load_n(&b->req, __ATOMIC_RELAXED) != d->size)
+		goto out;
+	seg = b->seg;
+	r = sop__pool_ctx_push(pool);
+	if (r != CUDA_SUCCESS)
+		goto out;
+	for (i = pieces_from(seg, addr); i < seg->n_pieces && seg->pieces[i]->va < end; i++) {
+		struct sop__piece *pc = seg->pieces[i];
+		int fd = -1;
+
+		if (n == cap) {
+			size_t c = cap ? 2 * cap : 8;
+			struct sop__wire_piece *nv = realloc(v, c * sizeof *v);
+			int *nf = nv ? realloc(fds, c * sizeof *fds) : NULL;
+			if (nv)
+				v = nv;
+			if (nf)
+				fds = nf;
+			if (!nv || !nf) {
+				r = CUDA_ERROR_OUT_OF_MEMORY;
+				break;
+			}
+			cap = c;
+		}
+		if (!had(q, pc->serial)) {
+			r = SOP_DRV(cuMemExportToShareableHandle)(
+				&fd, pc->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+			if (r != CUDA_SUCCESS)
+				break;
+		}
+		memset(&v[n], 0, sizeof v[n]);
+		v[n].serial = pc->serial;
+		v[n].off = pc->va - pool->va_base;
+		v[n].size = pc->size;
+		v[n].fd = fd >= 0;
+		fds[n++] = fd;
+	}
+	sop__pool_ctx_pop(pool);
+	/* An allocation is backed throughout; pieces that do not reach its end mean a block map
+	 * out of step, which the importer must not be handed. */
+	if (r == CUDA_SUCCESS && (!n || seg->pieces[pieces_from(seg, addr)]->va > addr ||
+				  v[n - 1].off + v[n - 1].size < d->off + d->size))
+		r = CUDA_ERROR_INVALID_VALUE;
+out:
+	pthread_mutex_unlock(&pool->lock);
+	sop__capture_restore(mode);
+	if (r != CUDA_SUCCESS) {
+		for (i = 0; i < n; i++)
+			if (fds[i] >= 0)
+				close(fds[i]);
+		free(v);
+		free(fds);
+		return r;
+	}
+	*out = v;
+	*fds_out = fds;
+	*n_out = n;
+	return CUDA_SUCCESS;
+}
+
+/* Send one answer message: pieces [at, at + k) of v, with their descriptors. */
+static bool
+answer_send(int conn, CUresult status, const struct sop__wire_piece *v, const int *fds,
+	    size_t n, size_t at, size_t k)
+{
+	struct sop__wire_answer a = {0};
+	char cbuf[CMSG_SPACE(SOP_WIRE_PIECES_MAX * sizeof(int))] = {0};
+	struct iovec iov = {&a, sizeof a};
+	struct msghdr m = {0};
+	size_t i, n_fd = 0;
+
+	a.magic = SOP_WIRE_MAGIC;
+	a.version = SOP_WIRE_VERSION;
+	a.op = SOP_WIRE_ANSWER;
+	a.status = (int32_t)status;
+	a.n_total = (uint32_t)n;
+	a.n_here = (uint32_t)k;
+	m.msg_iov = &iov;
+	m.msg_iovlen = 1;
+	for (i = 0; i < k; i++) {
+		a.pieces[i] = v[at + i];
+		if (fds[at + i] >= 0)
+			memcpy(CMSG_DATA((struct cmsghdr *)cbuf) + n_fd++ * sizeof(int), &fds[at + i],
+			       sizeof(int));
+	}
+	if (n_fd) {
+		struct cmsghdr *c = (struct cmsghdr *)cbuf;
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(n_fd * sizeof(int));
+		m.msg_control = cbuf;
+		m.msg_controllen = CMSG_SPACE(n_fd * sizeof(int));
+	}
+	return sendmsg(conn, &m, MSG_NOSIGNAL) == (ssize_t)sizeof a;
+}
+
+/* Serve one request on a private connection; false when the connection is done with (closed by
+ * the importer, or misbehaving). */
+static bool
+serve(struct sop__broker *bk, int conn)
+{
+	struct sop__wire_request q;
+	struct sop__wire_piece *v = NULL;
+	int *fds = NULL;
+	size_t n = 0, at = 0, i;
+	ssize_t got = recv(conn, &q, sizeof q, MSG_DONTWAIT);
+	CUresult r;
+	bool ok = true;
+
+	if (got < 0)
+		return errno == EAGAIN || errno == EINTR;
+	if (got != (ssize_t)sizeof q || q.magic != SOP_WIRE_MAGIC ||
+	    q.version != SOP_WIRE_VERSION || q.op != SOP_WIRE_PIECES)
+		return false;
+	r = answer_make(bk->pool, &q, &v, &fds, &n);
+	if (r != CUDA_SUCCESS)
+		return answer_send(conn, r, NULL, NULL, 0, 0, 0);
+	do {
+		size_t k = n - at < SOP_WIRE_PIECES_MAX ? n - at : SOP_WIRE_PIECES_MAX;
+		ok = answer_send(conn, CUDA_SUCCESS, v, fds, n, at, k);
+		at += k;
+	} while (ok && at < n);
+	for (i = 0; i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	free(v);
+	free(fds);
+	return ok;
+}
+
+/* A message on the shared end: an importer's connection, to be welcomed. NULL-free: returns the
+ * connection, or -1. */
+static int
+hello(struct sop__broker *bk, const struct sop__wire_welcome *w)
+{
+	struct sop__wire_hello h;
+	char cbuf[CMSG_SPACE(4 * sizeof(int))];
+	struct iovec iov = {&h, sizeof h};
+	struct msghdr m = {0};
+	struct cmsghdr *c;
+	int conn = -1, extra;
+	ssize_t got;
+
+	m.msg_iov = &iov;
+	m.msg_iovlen = 1;
+	m.msg_control = cbuf;
+	m.msg_controllen = sizeof cbuf;
+	got = recvmsg(bk->b, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+	if (got < 0)
+		return -1;
+	/* Whatever came, every descriptor it carried is closed but the one kept. */
+	for (c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+		size_t k, nfd;
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (k = 0; k < nfd; k++) {
+			memcpy(&extra, CMSG_DATA(c) + k * sizeof(int), sizeof extra);
+			if (conn < 0 && got == (ssize_t)sizeof h && h.magic == SOP_WIRE_MAGIC &&
+			    h.version == SOP_WIRE_VERSION && h.op == SOP_WIRE_HELLO)
+				conn = extra;
+			else
+				close(extra);
+		}
+	}
+	if (conn < 0)
+		return -1;
+	if (send(conn, w, sizeof *w, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof *w) {
+		close(conn);
+		return -1;
+	}
+	return conn;
+}
+
+struct broker_arg {
+	struct sop__broker *bk;
+	struct sop__wire_welcome welcome;
+};
+
+static void *
+broker_main(void *p)
+{
+	struct broker_arg *arg = p;
+	struct sop__broker *bk = arg->bk;
+	struct pollfd *pfd = NULL;
+	size_t n_conn = 0, cap = 0, i;
+	int *conn = NULL;
+
+	for (;;) {
+		struct pollfd *np;
+		if (n_conn + 2 > cap) {
+			size_t c = cap ? 2 * cap : 16;
+			int *nc = realloc(conn, c * sizeof *conn);
+			if (nc)
+				conn = nc;
+			np = nc ? realloc(pfd, c * sizeof *pfd) : NULL;
+			if (np) {
+				pfd = np;
+				cap = c;
+			}
+		}
+		if (!pfd) {
+			/* No host memory even for the first table: wait and try again. */
+			usleep(10000);
+			continue;
+		}
+		pfd[0] = (struct pollfd){.fd = bk->wake[0], .events = POLLIN};
+		/* Stop taking importers when the table is full (no memory to grow it). */
+		pfd[1] = (struct pollfd){.fd = n_conn + 2 <= cap ? bk->b : -1, .events = POLLIN};
+		for (i = 0; i < n_conn; i++)
+			pfd[2 + i] = (struct pollfd){.fd = conn[i], .events = POLLIN};
+		if (poll(pfd, 2 + n_conn, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			break;
+		}
+		if (pfd[0].revents)
+			break;
+		for (i = n_conn; i-- > 0;) {
+			if (!pfd[2 + i].revents)
+				continue;
+			if (!(pfd[2 + i].revents & POLLIN) || !serve(bk, conn[i])) {
+				close(conn[i]);
+				conn[i] = conn[--n_conn];
+			}
+		}
+		if (pfd[1].revents & POLLIN) {
+			int c = hello(bk, &arg->welcome);
+			if (c >= 0)
+				conn[n_conn++] = c;
+		}
+	}
+	for (i = 0; i < n_conn; i++)
+		close(conn[i]);
+	free(conn);
+	free(pfd);
+	free(arg);
+	return NULL;
+}
+
+static void
+broker_close(struct sop__broker *bk)
+{
+	if (bk->a >= 0)
+		close(bk->a);
+	if (bk->b >= 0)
+		close(bk->b);
+	if (bk->wake[0] >= 0)
+		close(bk->wake[0]);
+	if (bk->wake[1] >= 0)
+		close(bk->wake[1]);
+	free(bk);
+}
+
+/* Start the pool's broker. Pool lock held. */
+static CUresult
+broker_start(struct sop_pool *pool)
+{
+	struct sop__broker *bk = calloc(1, sizeof *bk);
+	struct broker_arg *arg = calloc(1, sizeof *arg);
+	sigset_t all, old;
+	int sv[2], e;
+
+	if (!bk || !arg) {
+		free(bk);
+		free(arg);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	bk->pool = pool;
+	bk->a = bk->b = bk->wake[0] = bk->wake[1] = -1;
+	arg->bk = bk;
+	arg->welcome.magic = SOP_WIRE_MAGIC;
+	arg->welcome.version = SOP_WIRE_VERSION;
+	arg->welcome.op = SOP_WIRE_WELCOME;
+	arg->welcome.token = pool->token;
+	arg->welcome.va_size = pool->va_size;
+	arg->welcome.granularity = pool->granularity;
+	arg->welcome.max_size = pool->props.maxSize;
+	arg->welcome.location = pool->props.location;
+	arg->welcome.handle_types = (uint32_t)pool->props.handleTypes;
+	if (!pool->host &&
+	    SOP_DRV(cuDeviceGetUuid)(&arg->welcome.uuid, pool->device) != CUDA_SUCCESS) {
+		free(arg);
+		free(bk);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
+		goto fail;
+	bk->a = sv[0];
+	bk->b = sv[1];
+	if (pipe2(bk->wake, O_CLOEXEC) < 0)
+		goto fail;
+	pthread_once(&fork_once, fork_register);
+	/* Signals are the application's threads' to take. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_mutex_lock(&brokers_lock);
+	e = pthread_create(&bk->thread, NULL, broker_main, arg);
+	if (!e) {
+		bk->next = brokers;
+		brokers = bk;
+	}
+	pthread_mutex_unlock(&brokers_lock);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (e)
+		goto fail;
+	pool->broker = bk;
+	return CUDA_SUCCESS;
+fail:
+	free(arg);
+	broker_close(bk);
+	return CUDA_ERROR_OPERATING_SYSTEM;
+}
+
+CUresult
+sop__share_export(struct sop_pool *pool, int *fd)
+{
+	CUresult r = CUDA_SUCCESS;
+	int d = -1;
+
+	if (!(pool->props.handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ||
+	    pool->is_default || pool->imported)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&pool->lock);
+	if (atomic_load(&pool->dead) || atomic_load(&pool->destroyed))
+		r = CUDA_ERROR_INVALID_VALUE;
+	else if (!pool->broker)
+		r = broker_start(pool);
+	if (r == CUDA_SUCCESS && (d = fcntl(pool->broker->a, F_DUPFD_CLOEXEC, 0)) < 0)
+		r = errno == EMFILE || errno == ENFILE ? CUDA_ERROR_OUT_OF_MEMORY
+						       : CUDA_ERROR_OPERATING_SYSTEM;
+	pthread_mutex_unlock(&pool->lock);
+	if (r == CUDA_SUCCESS)
+		*fd = d;
+	return r;
+}
+
+void
+sop__share_stop(struct sop_pool *pool)
+{
+	struct sop__broker *bk, **pp;
+	bool forked;
+
+	pthread_mutex_lock(&pool->lock);
+	bk = pool->broker;
+	pool->broker = NULL;
+	pthread_mutex_unlock(&pool->lock);
+	if (!bk)
+		return;
+	pthread_mutex_lock(&brokers_lock);
+	for (pp = &brokers; *pp; pp = &(*pp)->next)
+		if (*pp == bk) {
+			*pp = bk->next;
+			break;
+		}
+	forked = bk->wake[1] < 0; /* a child's copy: no thread to stop */
+	pthread_mutex_unlock(&brokers_lock);
+	if (!forked) {
+		char c = 0;
+		while (write(bk->wake[1], &c, 1) < 0 && errno == EINTR)
+			;
+		pthread_join(bk->thread, NULL);
+	}
+	broker_close(bk);
+}
