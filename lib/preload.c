@@ -33,6 +33,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cudaTypedefs.h>
 
@@ -592,16 +593,27 @@ cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool memPool, CUmemLocation
 	return FORWARD(cuMemPoolGetAccess, flags, memPool, location);
 }
 
-/* IPC is not in sop yet: sop's pools and memory refuse it, where the driver, handed a sop handle,
- * would take it for one of its own. Pools and pointers the driver made are the driver's, pools
- * imported from another process among them. */
+/* IPC: sop's pools export through sop, whose descriptor is a socket (share.c); a descriptor that
+ * is not a socket is another process's driver pool, imported by the driver, and its pointers
+ * too. Pools and pointers the driver made are the driver's. */
 SOP_API CUresult CUDAAPI
 cuMemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool,
 				 CUmemAllocationHandleType handleType, unsigned long long flags)
 {
 	if (serving() && !foreign_has(pool))
-		return CUDA_ERROR_NOT_SUPPORTED;
+		return sop_pool_export_to_shareable_handle(handle_out, pool_sop(pool), handleType,
+							   flags);
 	return FORWARD(cuMemPoolExportToShareableHandle, handle_out, pool, handleType, flags);
+}
+
+static bool
+sop_descriptor(void *handle, CUmemAllocationHandleType handleType)
+{
+	struct stat st;
+	intptr_t fd = (intptr_t)handle;
+
+	return handleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && fd >= 0 &&
+	       fd <= INT32_MAX && fstat((int)fd, &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
 SOP_API CUresult CUDAAPI
@@ -611,6 +623,17 @@ cuMemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle,
 	if (!serving())
 		return FORWARD(cuMemPoolImportFromShareableHandle, pool_out, handle, handleType,
 			       flags);
+	if (sop_descriptor(handle, handleType)) {
+		sop_pool_t p;
+		CUresult r;
+
+		if (!pool_out)
+			return CUDA_ERROR_INVALID_VALUE;
+		r = sop_pool_import_from_shareable_handle(&p, handle, handleType, flags);
+		if (r == CUDA_SUCCESS)
+			*pool_out = pool_cu(p);
+		return r;
+	}
 	return foreign_got(FORWARD(cuMemPoolImportFromShareableHandle, pool_out, handle,
 				   handleType, flags),
 			   pool_out);
@@ -620,7 +643,7 @@ SOP_API CUresult CUDAAPI
 cuMemPoolExportPointer(CUmemPoolPtrExportData *shareData_out, CUdeviceptr ptr)
 {
 	if (serving() && sop_reserved(ptr))
-		return CUDA_ERROR_NOT_SUPPORTED;
+		return sop_pool_export_pointer(shareData_out, (void *)(uintptr_t)ptr);
 	return FORWARD(cuMemPoolExportPointer, shareData_out, ptr);
 }
 
@@ -629,7 +652,7 @@ cuMemPoolImportPointer(CUdeviceptr *ptr_out, CUmemoryPool pool,
 		       CUmemPoolPtrExportData *shareData)
 {
 	if (serving() && !foreign_has(pool))
-		return CUDA_ERROR_NOT_SUPPORTED;
+		return sop_pool_import_pointer((void **)ptr_out, pool_sop(pool), shareData);
 	return FORWARD(cuMemPoolImportPointer, ptr_out, pool, shareData);
 }
 

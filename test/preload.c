@@ -990,27 +990,59 @@ test_pools(void)
 		api.sim_host_vmm(1);
 	}
 
-	/* IPC is not sop's yet: its pools and memory refuse it, and the driver never sees them. */
+	/* IPC: sop's exportable pools export through sop (a socket), in this process as in
+	 * another; the driver never sees them. A descriptor that is not a socket is the driver's. */
 	{
+		CUmemPoolProps ipc_props = props;
 		CUmemPoolPtrExportData data;
+		CUmemoryPool ipc, imp;
 		CUdeviceptr imported;
-		int fd = -1;
+		unsigned int word = 0;
+		int fd = -1, pipefd[2];
 
-		OK(cuMemAllocAsync(&p, 4096, s1));
 		EQ(cuMemPoolExportToShareableHandle(&fd, pool,
 						    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-		   CUDA_ERROR_NOT_SUPPORTED);
-		EQ(cuMemPoolExportPointer(&data, p), CUDA_ERROR_NOT_SUPPORTED);
-		memset(&data, 0, sizeof data);
-		EQ(cuMemPoolImportPointer(&imported, pool, &data), CUDA_ERROR_NOT_SUPPORTED);
+		   CUDA_ERROR_INVALID_VALUE); /* a default pool */
+		ipc_props.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+		d = drv_calls("cuMemPoolCreate") + drv_calls("cuMemPoolExportToShareableHandle") +
+		    drv_calls("cuMemPoolImportFromShareableHandle") +
+		    drv_calls("cuMemPoolExportPointer") + drv_calls("cuMemPoolImportPointer");
+		OK(cuMemPoolCreate(&ipc, &ipc_props));
+		OK(cuMemPoolExportToShareableHandle(&fd, ipc,
+						    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+		OK(cuMemAllocFromPoolAsync(&p, 4096, ipc, s1));
+		OK(cuMemsetD32Async(p, 0x5a5a1234u, 1024, s1));
+		OK(cuStreamSynchronize(s1));
+		OK(cuMemPoolExportPointer(&data, p));
+		OK(cuMemPoolImportFromShareableHandle(&imp, (void *)(uintptr_t)fd,
+						      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+		close(fd);
+		OK(cuMemPoolImportPointer(&imported, imp, &data));
+		CHECK(imported != p); /* a second mapping, as the driver gives in one process */
+		OK(cuMemcpyDtoH(&word, imported + 4092, sizeof word));
+		EQ(word, 0x5a5a1234u);
+		CHECK(pool_of(imported) == imp);
+		EQ(cuMemAllocFromPoolAsync(&x, 4096, imp, s1), CUDA_ERROR_INVALID_VALUE);
+		OK(cuMemFreeAsync(imported, s1));
+		OK(cuStreamSynchronize(s1));
+		OK(cuMemPoolDestroy(imp));
 		OK(cuMemFreeAsync(p, s1));
-		/* Importing a pool is the driver's (the simulated one has no IPC of pools). */
+		OK(cuStreamSynchronize(s1));
+		OK(cuMemPoolDestroy(ipc));
+		EQ(drv_calls("cuMemPoolCreate") + drv_calls("cuMemPoolExportToShareableHandle") +
+			   drv_calls("cuMemPoolImportFromShareableHandle") +
+			   drv_calls("cuMemPoolExportPointer") + drv_calls("cuMemPoolImportPointer"),
+		   d);
+		/* Not a socket: another process's driver pool, the driver's to import or refuse. */
+		CHECK(pipe(pipefd) == 0);
 		d = drv_calls("cuMemPoolImportFromShareableHandle");
-		r = cuMemPoolImportFromShareableHandle(&up, (void *)(uintptr_t)fd,
+		r = cuMemPoolImportFromShareableHandle(&up, (void *)(uintptr_t)pipefd[0],
 						       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
 		CHECK(r != CUDA_SUCCESS);
 		if (sim)
 			EQ(drv_calls("cuMemPoolImportFromShareableHandle"), d + 1);
+		close(pipefd[0]);
+		close(pipefd[1]);
 	}
 
 	/* A device pool sop cannot make (a usage it lacks) is the driver's to make or refuse. */
