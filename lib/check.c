@@ -59,7 +59,7 @@ sop__pool_check(struct sop_pool *pool)
 {
 	size_t reserved = 0, n_free = 0, n_cached = 0, n_cached_streams = 0, leaves = 0;
 	uint64_t used = 0;
-	size_t n_holes = 0;
+	size_t n_holes = 0, k;
 	struct sop__segment *seg, *prev_seg = NULL;
 	struct sop__sstream *ss;
 	struct sop__block *b;
@@ -159,6 +159,16 @@ sop__pool_check(struct sop_pool *pool)
 	for (b = pool->holes; b; b = b->free_next)
 		n_holes--;
 	CHECK(n_holes == 0);
+	/* An imported pool's pieces: in address order, apart, referenced, and in the statistic. */
+	for (k = 0; pool->import && k < pool->import->n_pieces; k++) {
+		const struct sop__piece *pc = pool->import->pieces[k];
+		CHECK(pc->refs > 0 && pc->va >= pool->va_base &&
+		      pc->va + pc->size <= pool->va_base + pool->va_size);
+		CHECK(!k || pool->import->pieces[k - 1]->va + pool->import->pieces[k - 1]->size <=
+				    pc->va);
+		reserved += pc->size;
+	}
+	CHECK(!pool->import || pool->imports_held == pool->import->n_pieces + pool->import->n_ptrs);
 	CHECK(reserved == atomic_load(&pool->reserved));
 	CHECK(reserved <= atomic_load(&pool->reserved_high));
 	CHECK(!pool->max_size || reserved <= pool->max_size);
