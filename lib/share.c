@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -304,8 +305,9 @@ serve(struct sop__broker *bk, int conn)
 	return ok;
 }
 
-/* A message on the shared end: an importer's connection, to be welcomed. NULL-free: returns the
- * connection, or -1. */
+static const struct timeval send_wait = {5, 0};
+
+/* A message on the shared end: an importer's connection, welcomed; or -1. */
 static int
 hello(struct sop__broker *bk, const struct sop__wire_welcome *w)
 {
@@ -341,6 +343,9 @@ hello(struct sop__broker *bk, const struct sop__wire_welcome *w)
 	}
 	if (conn < 0)
 		return -1;
+	/* An importer that stops reading cannot hold the broker (and the pool's destruction,
+	 * which waits for it) for more than this: its connection is dropped. */
+	setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &send_wait, sizeof send_wait);
 	if (send(conn, w, sizeof *w, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof *w) {
 		close(conn);
 		return -1;
