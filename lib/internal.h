@@ -395,8 +395,11 @@ void sop__heap_free_extents(struct sop_pool *pool, size_t *largest, size_t *tota
  * release keeps reserved >= floor. Pool lock held. Stops at the first driver error and returns it. */
 CUresult sop__heap_release(struct sop_pool *pool, size_t target, size_t floor);
 /* Release idle pieces, largest first, while reserved > target, keeping reserved >= floor; only
- * if they add up to at_least bytes. Pool lock held. */
-CUresult sop__release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_least);
+ * if they add up to at_least bytes. None inside the FREE blocks spare names (NULL entries, or
+ * spare NULL: none spared): growth keeps the free memory its new piece is to join. Pool lock
+ * held. */
+CUresult sop__release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_least,
+			   struct sop__block *const spare[2]);
 /* Free the host side of a pool whose segments have all been released. */
 void sop__heap_destroy(struct sop_pool *pool);
 

@@ -16,9 +16,10 @@ struct idle {
 };
 
 /* Every idle piece, found from the FREE blocks (few, since they merge), never from walking
- * every block. Pool lock held. */
+ * every block; none inside the blocks spare names. Pool lock held. */
 static struct idle *
-idle_collect(struct sop_pool *pool, size_t *count, size_t *bytes)
+idle_collect(struct sop_pool *pool, struct sop__block *const spare[2], size_t *count,
+	     size_t *bytes)
 {
 	struct sop__bins *heap = &pool->heap;
 	struct idle *v = NULL;
@@ -44,6 +45,9 @@ idle_collect(struct sop_pool *pool, size_t *count, size_t *bytes)
 				struct sop__segment *seg = f->seg;
 				CUdeviceptr end = f->addr + f->size;
 				size_t i;
+
+				if (spare && (f == spare[0] || f == spare[1]))
+					continue;
 
 				/* The pieces that start inside f, while they end inside it. */
 				for (i = sop__piece_search(seg, f->addr);
@@ -184,7 +188,8 @@ piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc
 /* Release idle pieces, largest first, while reserved > target, keeping reserved >= floor; only
  * if they add up to at_least bytes. */
 CUresult
-sop__release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_least)
+sop__release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_least,
+		  struct sop__block *const spare[2])
 {
 	uint64_t reserved = atomic_load(&pool->reserved);
 	struct sop__block *prev_f = NULL, *next_f = NULL;
@@ -193,7 +198,7 @@ sop__release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_
 	CUresult r;
 
 	if (reserved > target) {
-		v = idle_collect(pool, &n, &bytes);
+		v = idle_collect(pool, spare, &n, &bytes);
 		if (bytes < at_least)
 			n = 0;
 		if (n)
@@ -235,7 +240,7 @@ sop__release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_
 CUresult
 sop__heap_release(struct sop_pool *pool, size_t target, size_t floor)
 {
-	return sop__release_idle(pool, target, floor, 0);
+	return sop__release_idle(pool, target, floor, 0, NULL);
 }
 
 void
