@@ -503,6 +503,10 @@ void sop__stream_completed(struct sop__stream *st, uint64_t epoch);
 uint64_t sop__stream_poll(struct sop__stream *st);
 /* The same, asking now: what an event's completion should have proven. */
 uint64_t sop__stream_prove(struct sop__stream *st);
+/* Ask the driver whether all work on the stream (named by handle in the current call, checked)
+ * has completed; if it has, so have its frees so far. Returns the epoch up to which its frees
+ * are complete. Context as for any call on the stream. */
+uint64_t sop__stream_query(struct sop__stream *st, CUstream handle);
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t sop__now_ns(void);
 

@@ -821,6 +821,19 @@ sop__stream_prove(struct sop__stream *st)
 	return atomic_load(&st->done);
 }
 
+uint64_t
+sop__stream_query(struct sop__stream *st, CUstream handle)
+{
+	/* The epoch first, as for a probe: frees tagged up to it were called before the query. */
+	uint64_t epoch = sop__stream_mark(st);
+	int mode = sop__capture_relax(); /* a query is unsafe during a global capture */
+
+	if (SOP_DRV(cuStreamQuery)(handle) == CUDA_SUCCESS)
+		sop__stream_completed(st, epoch);
+	sop__capture_restore(mode);
+	return atomic_load(&st->done);
+}
+
 struct sop__stream *
 sop__stream_ending(CUstream stream, uint64_t id)
 {

@@ -144,6 +144,7 @@ sop__lock_take_waited(struct sop__lock *l)
 	X(cuThreadExchangeStreamCaptureMode)                                                       \
 	X(cuStreamDestroy)                                                                         \
 	X(cuStreamSynchronize)                                                                     \
+	X(cuStreamQuery)                                                                           \
 	X(cuStreamWaitEvent)                                                                       \
 	X(cuEventCreate)                                                                           \
 	X(cuEventDestroy)                                                                          \
