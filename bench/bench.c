@@ -78,6 +78,10 @@ static const struct workload workloads[] = {
      "pinned host memory: alloc+free pairs, copy bandwidth, a staging pipeline; sop's host pool "
      "against cuMemHostAlloc, the driver's host pool and an event cache",
      wl_host},
+    {"ipc",
+     "a pool shared with a second process: export and import of the pool and of pointers, the "
+     "importer's frees; sop's IPC pool against the driver's",
+     wl_ipc},
     {"replay", "allocation traces replayed in their global order", wl_replay},
 };
 #define N_WORKLOADS (sizeof workloads / sizeof *workloads)
@@ -855,11 +859,16 @@ parse_args(int argc, char **argv)
 int
 main(int argc, char **argv)
 {
-	unsigned wl = parse_args(argc, argv);
 	time_t t = time(NULL);
 	struct tm tm;
+	unsigned wl;
 	size_t i;
 	int status;
+
+	/* The importer of the ipc workload, started by the harness itself. */
+	if (argc == 3 && !strcmp(argv[1], "--ipc-child"))
+		return ipc_child(atoi(argv[2]));
+	wl = parse_args(argc, argv);
 
 	t_start = now_ns();
 	gmtime_r(&t, &tm);

@@ -74,7 +74,11 @@
 	X(cuMemFreeHost)                                                                           \
 	X(cuMemcpyAsync)                                                                           \
 	X(cuEventQuery)                                                                            \
-	X(cuMemPoolSetAccess)
+	X(cuMemPoolSetAccess)                                                                      \
+	X(cuMemPoolExportToShareableHandle)                                                        \
+	X(cuMemPoolImportFromShareableHandle)                                                      \
+	X(cuMemPoolExportPointer)                                                                  \
+	X(cuMemPoolImportPointer)
 
 struct bench_driver {
 #define BENCH_X(name) __typeof__(name) *name;
@@ -296,6 +300,9 @@ void wl_handoff(void);
 void wl_fragmentation(void);
 void wl_growth(void);
 void wl_host(void);
+void wl_ipc(void);
 void wl_replay(void);
+/* The importing process of the ipc workload (sop-bench --ipc-child FD): its exit status. */
+int ipc_child(int sock);
 
 #endif /* SOP_BENCH_H */
