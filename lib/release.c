@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include "internal.h"
 
 /* ---- Release ---------------------------------------------------------------------------- */
@@ -179,6 +181,8 @@ piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc
 	 * pool's memory was never counted (vmm.c). */
 	if (!pool->host)
 		sop__limit_discharge(pool->device, pc->size);
+	if (pc->fd_plus1)
+		close(pc->fd_plus1 - 1);
 	free(pc);
 	if (!seg->mapped)
 		sop__segment_drop(pool, seg);

@@ -334,6 +334,9 @@ struct sop__piece {
 	uint64_t serial;
 	/* An imported piece (import.c): the live and pending imported pointers that it backs. */
 	size_t refs;
+	/* An exported pool's piece: its shareable descriptor plus one, once an importer asked for
+	 * it (share.c), kept open until the piece is released: exporting one costs 0.6 ms. */
+	int fd_plus1;
 };
 
 /* Spare block-map leaves (blockmap.c): at most this many on hand. */
