@@ -18,7 +18,9 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -113,6 +115,45 @@ hello_send(int shared, int theirs)
 	return sendmsg(shared, &m, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof h;
 }
 
+/* The welcome, and the exporter's board mapped read-only if it came with one (NULL if not). */
+static bool
+welcome_recv(int conn, struct sop__wire_welcome *w, struct sop__board_slot **board)
+{
+	char cbuf[CMSG_SPACE(4 * sizeof(int))];
+	struct iovec iov = {w, sizeof *w};
+	struct msghdr m = {0};
+	struct cmsghdr *c;
+	struct stat st;
+	ssize_t got;
+
+	*board = NULL;
+	m.msg_iov = &iov;
+	m.msg_iovlen = 1;
+	m.msg_control = cbuf;
+	m.msg_controllen = sizeof cbuf;
+	got = recvmsg(conn, &m, MSG_CMSG_CLOEXEC);
+	for (c = got > 0 ? CMSG_FIRSTHDR(&m) : NULL; c; c = CMSG_NXTHDR(&m, c)) {
+		size_t k, n;
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (k = 0; k < n; k++) {
+			int fd;
+			void *p;
+			memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
+			/* Of the board's size, or it is not mapped: a shorter file would fault
+			 * where the board is read. */
+			if (!*board && got == (ssize_t)sizeof *w && !fstat(fd, &st) &&
+			    st.st_size >= (off_t)SOP_BOARD_BYTES &&
+			    (p = mmap(NULL, SOP_BOARD_BYTES, PROT_READ, MAP_SHARED, fd, 0)) !=
+				    MAP_FAILED)
+				*board = p;
+			close(fd);
+		}
+	}
+	return got == (ssize_t)sizeof *w;
+}
+
 /* The device whose UUID this is, or -1. */
 static CUdevice
 device_of_uuid(const CUuuid *uuid)
@@ -134,10 +175,11 @@ sop__import_pool(int shared, struct sop_pool **out)
 	struct sop__wire_welcome w;
 	struct timeval tv = {IMPORT_WAIT_S, 0};
 	CUmemPoolProps props = {0};
-	struct sop__import *im;
+	struct sop__board_slot *board = NULL;
+	struct sop__import *im = NULL;
 	struct sop_pool *pool;
 	int sv[2];
-	CUresult r;
+	CUresult r = CUDA_SUCCESS;
 
 	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
 		return errno == EMFILE || errno == ENFILE ? CUDA_ERROR_OUT_OF_MEMORY
@@ -151,9 +193,11 @@ sop__import_pool(int shared, struct sop_pool **out)
 	}
 	close(sv[1]);
 	/* A socket nobody answers on (not a sop pool's) times out; a closed broker reads 0. */
-	if (recv(sv[0], &w, sizeof w, 0) != (ssize_t)sizeof w || w.magic != SOP_WIRE_MAGIC ||
+	if (!welcome_recv(sv[0], &w, &board) || w.magic != SOP_WIRE_MAGIC ||
 	    w.version != SOP_WIRE_VERSION || w.op != SOP_WIRE_WELCOME || w.status ||
 	    !w.va_size || !w.token) {
+		if (board)
+			munmap(board, SOP_BOARD_BYTES);
 		close(sv[0]);
 		return CUDA_ERROR_INVALID_VALUE;
 	}
@@ -162,14 +206,15 @@ sop__import_pool(int shared, struct sop_pool **out)
 	props.handleTypes = (CUmemAllocationHandleType)w.handle_types;
 	props.maxSize = w.max_size;
 	if (w.location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-	    (props.location.id = device_of_uuid(&w.uuid)) < 0) {
+	    (props.location.id = device_of_uuid(&w.uuid)) < 0)
+		r = CUDA_ERROR_NOT_SUPPORTED;
+	else if (!(im = calloc(1, sizeof *im)))
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	if (r != CUDA_SUCCESS) {
+		if (board)
+			munmap(board, SOP_BOARD_BYTES);
 		close(sv[0]);
-		return CUDA_ERROR_NOT_SUPPORTED;
-	}
-	im = calloc(1, sizeof *im);
-	if (!im) {
-		close(sv[0]);
-		return CUDA_ERROR_OUT_OF_MEMORY;
+		return r;
 	}
 	pthread_mutex_init(&im->lock, NULL);
 	im->fd = sv[0];
@@ -180,11 +225,14 @@ sop__import_pool(int shared, struct sop_pool **out)
 		r = CUDA_ERROR_NOT_SUPPORTED;
 	}
 	if (r != CUDA_SUCCESS) {
+		if (board)
+			munmap(board, SOP_BOARD_BYTES);
 		close(sv[0]);
 		pthread_mutex_destroy(&im->lock);
 		free(im);
 		return r;
 	}
+	pool->board = board;
 	pool->token = w.token;
 	pool->import = im;
 	pool->imported = true;
@@ -512,6 +560,71 @@ pieces_map(struct sop_pool *pool, const struct sop__wire_piece *v, int *fds, siz
 	return CUDA_SUCCESS;
 }
 
+/* Record an import of [ptr, ptr + size), whose pieces are mapped; room reserved. Pool lock
+ * held. */
+static void
+ptr_add(struct sop_pool *pool, CUdeviceptr ptr, size_t size)
+{
+	struct sop__import *im = pool->import;
+	size_t at = ptr_index(im, ptr);
+
+	if (at < im->n_ptrs && im->ptrs[at].ptr == ptr && !im->ptrs[at].done &&
+	    im->ptrs[at].size == size) {
+		im->ptrs[at].count++;
+	} else {
+		memmove(&im->ptrs[at + 1], &im->ptrs[at], (im->n_ptrs - at) * sizeof *im->ptrs);
+		im->ptrs[at] = (struct sop__imported){ptr, size, 1, NULL};
+		im->n_ptrs++;
+		pieces_ref(pool, ptr, size, 1);
+	}
+	im->used += size;
+	if (im->used > im->used_high)
+		im->used_high = im->used;
+	held_update(pool);
+}
+
+/* An import served here, without the broker: the exporter's board has the allocation, live, and
+ * the one piece under it is mapped here already (the same piece: its serial). Pool lock held. */
+static bool
+import_local(struct sop_pool *pool, const struct sop__export_data *d)
+{
+	struct sop__import *im = pool->import;
+	CUdeviceptr ptr = pool->va_base + d->off;
+	uint64_t serial = 0;
+	size_t h = sop__board_hash(d->off), k, i;
+	struct sop__piece *pc;
+
+	if (!pool->board)
+		return false;
+	for (k = 0; k < SOP_BOARD_PROBES; k++) {
+		struct sop__board_slot *sl = &pool->board[(h + k) & (SOP_BOARD_SLOTS - 1)];
+		uint64_t off, size;
+
+		if (atomic_load_explicit(&sl->gen, memory_order_acquire) != d->gen)
+			continue;
+		off = atomic_load_explicit(&sl->off, memory_order_relaxed);
+		size = atomic_load_explicit(&sl->size, memory_order_relaxed);
+		serial = atomic_load_explicit(&sl->serial, memory_order_relaxed);
+		/* Read as a sequence lock is: still the same export after the reads. */
+		atomic_thread_fence(memory_order_acquire);
+		if (atomic_load_explicit(&sl->gen, memory_order_relaxed) != d->gen || off != d->off ||
+		    size != d->size)
+			return false;
+		break;
+	}
+	if (k == SOP_BOARD_PROBES || !serial)
+		return false;
+	i = piece_index(im, ptr);
+	if (i == im->n_pieces)
+		return false;
+	pc = im->pieces[i];
+	if (pc->serial != serial || pc->va > ptr || ptr + d->size > pc->va + pc->size ||
+	    !tables_reserve(im, 0))
+		return false;
+	ptr_add(pool, ptr, d->size);
+	return true;
+}
+
 /* Drop the pieces that no pointer references (those mapped by a call that failed). */
 static void
 pieces_unused_drop(struct sop_pool *pool)
@@ -560,20 +673,7 @@ import_once(struct sop_pool *pool, const struct sop__export_data *d, bool with_h
 		else
 			r = pieces_map(pool, v, fds, n);
 		if (r == CUDA_SUCCESS) {
-			size_t at = ptr_index(im, ptr);
-			if (at < im->n_ptrs && im->ptrs[at].ptr == ptr && !im->ptrs[at].done &&
-			    im->ptrs[at].size == d->size) {
-				im->ptrs[at].count++;
-			} else {
-				memmove(&im->ptrs[at + 1], &im->ptrs[at],
-					(im->n_ptrs - at) * sizeof *im->ptrs);
-				im->ptrs[at] = (struct sop__imported){ptr, d->size, 1, NULL};
-				im->n_ptrs++;
-				pieces_ref(pool, ptr, d->size, 1);
-			}
-			im->used += d->size;
-			if (im->used > im->used_high)
-				im->used_high = im->used;
+			ptr_add(pool, ptr, d->size);
 		} else {
 			pieces_unused_drop(pool);
 		}
@@ -613,6 +713,12 @@ sop__import_pointer(struct sop_pool *pool, const CUmemPoolPtrExportData *data, v
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 	reap(pool, false);
+	if (import_local(pool, &d)) {
+		pthread_mutex_unlock(&pool->lock);
+		pthread_mutex_unlock(&im->lock);
+		*out = (void *)(uintptr_t)(pool->va_base + d.off);
+		return CUDA_SUCCESS;
+	}
 	pthread_mutex_unlock(&pool->lock);
 	r = import_once(pool, &d, true, &retry_wait);
 	for (attempt = 0; attempt < 2 && (r == CUDA_ERROR_NOT_FOUND || retry_wait); attempt++) {

@@ -639,6 +639,8 @@ uint64_t sop__share_check(const struct sop__export_data *d);
 /* Export data of the live allocation at addr (its start) of an exportable pool;
  * CUDA_ERROR_INVALID_VALUE for anything else. */
 CUresult sop__share_pointer(struct sop_pool *pool, CUdeviceptr addr, CUmemPoolPtrExportData *out);
+/* An exported allocation is being freed (b->gen set): off the board. Any lock. */
+void sop__share_forget(struct sop_pool *pool, struct sop__block *b);
 /* A new descriptor of the pool's broker, started on first use. */
 CUresult sop__share_export(struct sop_pool *pool, int *fd);
 /* Stop the broker, if any (the pool is being destroyed): importers' later calls fail. */

@@ -9,6 +9,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -203,6 +204,10 @@ pool_free(struct sop__retired *r)
 
 	sop__heap_destroy(pool);
 	sop__sstream_destroy_all(pool);
+	if (pool->board)
+		munmap(pool->board, SOP_BOARD_BYTES);
+	if (pool->board_fd_plus1)
+		close(pool->board_fd_plus1 - 1);
 	if (pool->import) {
 		/* Emptied and disconnected before the teardown (import.c). */
 		pthread_mutex_destroy(&pool->import->lock);

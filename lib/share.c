@@ -25,6 +25,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -42,6 +43,75 @@ sop__share_check(const struct sop__export_data *d)
 	h = (h ^ d->size) * 0xc2b2ae3d27d4eb4full;
 	h = (h ^ d->gen) * 0x165667b19e3779f9ull;
 	return h ^ (h >> 29);
+}
+
+/* The pool's board, made at its first export. Pool lock held. */
+static bool
+board_ensure(struct sop_pool *pool)
+{
+	void *m;
+	int fd;
+
+	if (pool->board)
+		return true;
+	fd = memfd_create("sop-board", MFD_CLOEXEC);
+	if (fd < 0)
+		return false;
+	if (ftruncate(fd, (off_t)SOP_BOARD_BYTES) ||
+	    (m = mmap(NULL, SOP_BOARD_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
+		    MAP_FAILED) {
+		close(fd);
+		return false;
+	}
+	pool->board = m;
+	pool->board_fd_plus1 = fd + 1;
+	return true;
+}
+
+/* The serial of the one piece under [addr, addr + size), or 0 if several (or none). Pool lock
+ * held. */
+static uint64_t
+piece_under(const struct sop__segment *seg, CUdeviceptr addr, size_t size);
+
+/* Put an exported allocation on the board, if a slot near its place is free. Pool lock held. */
+static void
+board_put(struct sop_pool *pool, const struct sop__export_data *d, uint64_t serial)
+{
+	size_t h = sop__board_hash(d->off), k;
+
+	if (!board_ensure(pool))
+		return;
+	for (k = 0; k < SOP_BOARD_PROBES; k++) {
+		struct sop__board_slot *sl = &pool->board[(h + k) & (SOP_BOARD_SLOTS - 1)];
+		uint64_t g = atomic_load_explicit(&sl->gen, memory_order_relaxed);
+		if (g == d->gen)
+			return; /* exported before */
+		if (g)
+			continue;
+		atomic_store_explicit(&sl->off, d->off, memory_order_relaxed);
+		atomic_store_explicit(&sl->size, d->size, memory_order_relaxed);
+		atomic_store_explicit(&sl->serial, serial, memory_order_relaxed);
+		atomic_store_explicit(&sl->gen, d->gen, memory_order_release);
+		return;
+	}
+}
+
+void
+sop__share_forget(struct sop_pool *pool, struct sop__block *b)
+{
+	uint64_t gen = __atomic_load_n(&b->gen, __ATOMIC_RELAXED);
+	size_t h = sop__board_hash(b->addr - pool->va_base), k;
+	struct sop__board_slot *board = __atomic_load_n(&pool->board, __ATOMIC_ACQUIRE);
+
+	if (!board)
+		return;
+	for (k = 0; k < SOP_BOARD_PROBES; k++) {
+		struct sop__board_slot *sl = &board[(h + k) & (SOP_BOARD_SLOTS - 1)];
+		if (atomic_load_explicit(&sl->gen, memory_order_relaxed) == gen) {
+			atomic_store_explicit(&sl->gen, 0, memory_order_release);
+			return;
+		}
+	}
 }
 
 CUresult
@@ -69,6 +139,7 @@ sop__share_pointer(struct sop_pool *pool, CUdeviceptr addr, CUmemPoolPtrExportDa
 	d.off = addr - pool->va_base;
 	d.size = __atomic_load_n(&b->req, __ATOMIC_RELAXED);
 	d.gen = __atomic_load_n(&b->gen, __ATOMIC_RELAXED);
+	board_put(pool, &d, piece_under(b->seg, addr, d.size));
 	pthread_mutex_unlock(&pool->lock);
 	d.check = sop__share_check(&d);
 	_Static_assert(sizeof d <= sizeof *out, "export data fits the driver's");
@@ -133,6 +204,17 @@ pieces_from(const struct sop__segment *seg, CUdeviceptr addr)
 			hi = mid;
 	}
 	return lo;
+}
+
+static uint64_t
+piece_under(const struct sop__segment *seg, CUdeviceptr addr, size_t size)
+{
+	const struct sop__piece *pc;
+
+	if (!seg->n_pieces)
+		return 0;
+	pc = seg->pieces[pieces_from(seg, addr)];
+	return pc->va <= addr && addr + size <= pc->va + pc->size ? pc->serial : 0;
 }
 
 static bool
@@ -327,9 +409,33 @@ serve(struct sop__broker *bk, int conn)
 
 static const struct timeval send_wait = {5, 0};
 
+/* The welcome, with the board's descriptor if there is one (read-only use: the importer maps it
+ * so). */
+static bool
+welcome_send(int conn, const struct sop__wire_welcome *w, int board_fd)
+{
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = {(void *)w, sizeof *w};
+	struct msghdr m = {0};
+
+	memset(cbuf, 0, sizeof cbuf);
+	m.msg_iov = &iov;
+	m.msg_iovlen = 1;
+	if (board_fd >= 0) {
+		struct cmsghdr *c = (struct cmsghdr *)cbuf;
+		m.msg_control = cbuf;
+		m.msg_controllen = sizeof cbuf;
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &board_fd, sizeof board_fd);
+	}
+	return sendmsg(conn, &m, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof *w;
+}
+
 /* A message on the shared end: an importer's connection, welcomed; or -1. */
 static int
-hello(struct sop__broker *bk, const struct sop__wire_welcome *w)
+hello(struct sop__broker *bk, const struct sop__wire_welcome *w, int board_fd)
 {
 	struct sop__wire_hello h;
 	char cbuf[CMSG_SPACE(4 * sizeof(int))];
@@ -366,7 +472,7 @@ hello(struct sop__broker *bk, const struct sop__wire_welcome *w)
 	/* An importer that stops reading cannot hold the broker (and the pool's destruction,
 	 * which waits for it) for more than this: its connection is dropped. */
 	setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &send_wait, sizeof send_wait);
-	if (send(conn, w, sizeof *w, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof *w) {
+	if (!welcome_send(conn, w, board_fd)) {
 		close(conn);
 		return -1;
 	}
@@ -376,6 +482,7 @@ hello(struct sop__broker *bk, const struct sop__wire_welcome *w)
 struct broker_arg {
 	struct sop__broker *bk;
 	struct sop__wire_welcome welcome;
+	int board_fd; /* -1: none */
 };
 
 static void *
@@ -426,7 +533,7 @@ broker_main(void *p)
 			}
 		}
 		if (pfd[1].revents & POLLIN) {
-			int c = hello(bk, &arg->welcome);
+			int c = hello(bk, &arg->welcome, arg->board_fd);
 			if (c >= 0)
 				conn[n_conn++] = c;
 		}
@@ -485,6 +592,8 @@ broker_start(struct sop_pool *pool)
 		free(bk);
 		return CUDA_ERROR_INVALID_VALUE;
 	}
+	/* Without a board, importers ask the broker for every pointer. */
+	arg->board_fd = board_ensure(pool) ? pool->board_fd_plus1 - 1 : -1;
 	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
 		goto fail;
 	bk->a = sv[0];

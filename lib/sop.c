@@ -667,6 +667,8 @@ sop_free(void *ptr)
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 	sop__used_sub(b, NULL);
+	if (__atomic_load_n(&b->gen, __ATOMIC_RELAXED))
+		sop__share_forget(pool, b);
 	sop__heap_put(pool, b);
 	if (!sop__pool_reap(pool))
 		pthread_mutex_unlock(&pool->lock);

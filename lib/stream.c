@@ -374,6 +374,8 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 				return CUDA_ERROR_INVALID_VALUE;
 			}
 			sop__used_sub(b, ss);
+			if (SOP_UNLIKELY(__atomic_load_n(&b->gen, __ATOMIC_RELAXED)))
+				sop__share_forget(pool, b); /* exported: off the board (share.c) */
 			sop__block_set_owner(b, ss);
 			ss->active = true;
 			/* Read under the lock: once it is dropped, a synchronization may retire the

@@ -560,6 +560,24 @@ struct sop__broker {
 	struct sop__broker *next; /* every running broker, for fork */
 };
 
+/* The board: a table in memory the exporter shares with its importers, of the allocations it
+ * exported that are still live (slot: export serial, offset, requested size, and the serial of
+ * the one piece under it, 0 if several), so that an importer imports a pointer whose piece it
+ * maps already without asking the broker. Written by the exporter only: at an export (pool lock)
+ * and at the allocation's free (gen cleared). An allocation not on it (full) is asked for. */
+struct sop__board_slot {
+	_Atomic uint64_t gen, off, size, serial;
+};
+#define SOP_BOARD_SLOTS 16384
+#define SOP_BOARD_PROBES 16
+#define SOP_BOARD_BYTES (SOP_BOARD_SLOTS * sizeof(struct sop__board_slot))
+
+static inline size_t
+sop__board_hash(uint64_t off)
+{
+	return (size_t)(((off >> 9) * 0x9e3779b97f4a7c15ull) >> 32) & (SOP_BOARD_SLOTS - 1);
+}
+
 /* A pointer imported into an imported pool. */
 struct sop__imported {
 	CUdeviceptr ptr;
@@ -689,6 +707,8 @@ struct sop_pool {
 	uint64_t token, piece_serial, export_serial;
 	struct sop__broker *broker;
 	struct sop__import *import;
+	struct sop__board_slot *board; /* exporter: read-write; importer: the exporter's, read-only */
+	int board_fd_plus1;            /* exporter: its memfd plus one, else 0 */
 	size_t imports_held;
 	CUmemAccessDesc *access; /* peers granted access, besides the owner */
 	size_t n_access;
