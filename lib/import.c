@@ -263,6 +263,8 @@ piece_index(const struct sop__import *im, CUdeviceptr va)
 	return lo;
 }
 
+/* The first record at or after ptr. Records of one address keep the live one, if any, first: a
+ * new import goes before the pending ones there. */
 static size_t
 ptr_index(const struct sop__import *im, CUdeviceptr ptr)
 {
@@ -815,13 +817,17 @@ sop__import_block(struct sop_pool *pool, CUdeviceptr addr, CUdeviceptr *start, s
 	size_t i;
 
 	pthread_mutex_lock(&pool->lock);
-	i = ptr_index(im, addr + 1);
-	if (i > 0 && !im->ptrs[i - 1].done && addr - im->ptrs[i - 1].ptr < im->ptrs[i - 1].size) {
+	/* Live imports are apart, but records of pending frees may lie over them (the exporter
+	 * reused the memory since): look back past those. */
+	for (i = ptr_index(im, addr + 1); i-- > 0;) {
+		if (im->ptrs[i].done || addr - im->ptrs[i].ptr >= im->ptrs[i].size)
+			continue;
 		if (start)
-			*start = im->ptrs[i - 1].ptr;
+			*start = im->ptrs[i].ptr;
 		if (size)
-			*size = im->ptrs[i - 1].size;
+			*size = im->ptrs[i].size;
 		r = CUDA_SUCCESS;
+		break;
 	}
 	pthread_mutex_unlock(&pool->lock);
 	return r;
