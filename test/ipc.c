@@ -22,7 +22,7 @@
 
 #define POSIX_FD CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 
-enum op { GO, POOL, MORE, OTHER, STALE, KEEP, DESTROYED, DONE };
+enum op { GO, POOL, MORE, OTHER, STALE, HOSTNUMA, KEEP, DESTROYED, DONE };
 
 struct msg {
 	int op, n;
@@ -227,6 +227,44 @@ exporter(int s)
 	recv_msg(s, &m, GO);
 	TH_OK(sop_free_async(x, st));
 
+	/* Pinned host memory of a NUMA node, shared: the CPUs of both processes read and write
+	 * it. Where the driver makes no such memory, the pool is not made and nothing is sent. */
+	{
+		CUmemPoolProps hp = {0};
+		sop_pool_t host = NULL;
+		unsigned *h = NULL;
+		int hfd = -1;
+		size_t k;
+
+		hp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+		hp.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+		hp.location.id = 0;
+		hp.handleTypes = POSIX_FD;
+		memset(&m, 0, sizeof m);
+		m.op = HOSTNUMA;
+		if (sop_pool_create(&host, &hp) == CUDA_SUCCESS) {
+			TH_OK(sop_malloc_from_pool_async((void **)&h, (size_t)1 << 20, host, st));
+			TH_OK(sop_stream_synchronize(st));
+			for (k = 0; k < ((size_t)1 << 20) / 4; k++)
+				h[k] = 0x4e554d41u + (unsigned)k;
+			TH_OK(sop_pool_export_to_shareable_handle(&hfd, host, POSIX_FD, 0));
+			TH_OK(sop_pool_export_pointer(&m.d[0], h));
+			m.n = 1;
+			m.size[0] = (size_t)1 << 20;
+		}
+		send_msg(s, hfd, &m);
+		if (hfd >= 0)
+			close(hfd);
+		recv_msg(s, &m, GO);
+		if (host) {
+			for (k = 0; k < ((size_t)1 << 20) / 4; k++)
+				TH_EQ(h[k], ~(0x4e554d41u + (unsigned)k));
+			TH_OK(sop_free_async(h, st));
+			TH_OK(sop_stream_synchronize(st));
+			TH_OK(sop_pool_destroy(host));
+		}
+	}
+
 	/* A block the importer keeps while this process destroys its other pool and exits. */
 	TH_OK(sop_malloc_from_pool_async(&keep, (size_t)1 << 20, pool, st));
 	th_fill(keep, (size_t)1 << 20, 0x4b454550u, st);
@@ -378,6 +416,37 @@ importer(int s, pid_t child)
 	/* Stale data. */
 	recv_msg(s, &m, STALE);
 	TH_EQ(sop_pool_import_pointer(&x, ipool, &m.d[0]), CUDA_ERROR_INVALID_VALUE);
+	say(s, GO);
+
+	/* Host memory of a NUMA node, read and written by this process's CPU. */
+	{
+		int hfd = recv_msg(s, &m, HOSTNUMA);
+		sop_pool_t hpool;
+		unsigned *h;
+		size_t k;
+
+		if (m.n) {
+			CUmemLocation cpu = {CU_MEM_LOCATION_TYPE_HOST_NUMA, 0};
+			CUmemAccess_flags f = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+
+			TH_ASSERT(hfd >= 0);
+			TH_OK(sop_pool_import_from_shareable_handle(&hpool, (void *)(intptr_t)hfd,
+								    POSIX_FD, 0));
+			close(hfd);
+			TH_OK(sop_pool_get_access(&f, hpool, &cpu));
+			TH_EQ(f, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+			TH_OK(sop_pool_import_pointer((void **)&h, hpool, &m.d[0]));
+			for (k = 0; k < m.size[0] / 4; k++) {
+				TH_EQ(h[k], 0x4e554d41u + (unsigned)k);
+				h[k] = ~h[k];
+			}
+			TH_OK(sop_free(h));
+			TH_OK(sop_pool_destroy(hpool));
+			printf("ipc: a HOST_NUMA pool shared\n");
+		} else {
+			printf("ipc: no HOST_NUMA pool with a shareable handle on this driver\n");
+		}
+	}
 	say(s, GO);
 
 	/* A block kept across the exporter's destruction of its other pool, and its exit. */

@@ -405,8 +405,11 @@ static CUresult phys_create(size_t size, int device, int numa, unsigned types, s
 	if (device >= 0 &&
 	    (device_used[device] + size > sim_cfg.memory || device_used[device] + size < size))
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	/* The name says where the memory is, for a process that imports it (memfd_origin). */
 	if (device >= 0)
 		snprintf(name, sizeof(name), "sop-sim-dev%d", device);
+	else if (numa >= 0)
+		snprintf(name, sizeof(name), "sop-sim-numa%d", numa);
 	else
 		snprintf(name, sizeof(name), "sop-sim-host");
 	fd = memfd_create(name, MFD_CLOEXEC);
@@ -803,28 +806,36 @@ SIM_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void *shareable,
 	return rc;
 }
 
-/* The device a sim memfd was created on, from its name; 0 if not ours. */
-static int memfd_device(int fd)
+/* Where a sim memfd's memory is, from its name: a device, or the host (-1) and its NUMA node
+ * (-1: HOST). Device 0 if the name is not ours. */
+static void memfd_origin(int fd, int *device, int *numa)
 {
 	char path[64], target[128];
 	ssize_t n;
-	int dev;
+	int v;
 
+	*device = 0;
+	*numa = -1;
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
 	n = readlink(path, target, sizeof(target) - 1);
 	if (n < 0)
-		return 0;
+		return;
 	target[n] = '\0';
-	if (sscanf(target, "/memfd:sop-sim-dev%d", &dev) == 1 && sim_device_valid(dev))
-		return dev;
-	return 0;
+	if (sscanf(target, "/memfd:sop-sim-dev%d", &v) == 1 && sim_device_valid(v)) {
+		*device = v;
+	} else if (sscanf(target, "/memfd:sop-sim-numa%d", &v) == 1) {
+		*device = -1;
+		*numa = v;
+	} else if (!strncmp(target, "/memfd:sop-sim-host", 19)) {
+		*device = -1;
+	}
 }
 
 /* Physical memory behind an FD: ours if this process created it, else adopted. */
 static struct phys *phys_for_fd(int fd, const struct stat *st)
 {
 	struct phys *p;
-	int dup_fd;
+	int dup_fd, device, numa;
 
 	for (p = phys_list; p; p = p->next)
 		if (p->st_dev == st->st_dev && p->st_ino == st->st_ino)
@@ -833,10 +844,13 @@ static struct phys *phys_for_fd(int fd, const struct stat *st)
 	dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
 	if (dup_fd < 0)
 		return NULL;
-	p = phys_new(dup_fd, (size_t)st->st_size, memfd_device(fd),
-		     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, false);
+	memfd_origin(fd, &device, &numa);
+	p = phys_new(dup_fd, (size_t)st->st_size, device, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+		     false);
 	if (!p)
 		close(dup_fd);
+	else
+		p->numa = numa;
 	return p;
 }
 
