@@ -6,8 +6,9 @@
  * a forked child of the exporter that outlives it; the exporter's trims and releases under a
  * live import; a piece released and made again at the same place; one pool imported several
  * times, through several exported descriptors; every byte of export data changed, one at a
- * time; an allocation over two pieces. Each process ends with its driver objects and
- * descriptors as they were before its first pool.
+ * time; an allocation over two pieces; refused exports that start no thread and open no
+ * descriptor, one broker per pool however often it is exported. Each process ends with its
+ * driver objects and descriptors as they were before its first pool.
  *
  * The driver may not be used after fork in a process that used it, so main never touches sop:
  * it forks the processes of each scenario and waits for them. They order their work through
@@ -141,6 +142,20 @@ open_fds(void)
 		n += e->d_name[0] != '.';
 	closedir(d);
 	return n - 1; /* the directory's own */
+}
+
+static int
+threads(void)
+{
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+	int n = 0;
+
+	TH_ASSERT(d);
+	while ((e = readdir(d)))
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
 }
 
 static double
@@ -641,6 +656,31 @@ again_exporter(int s)
 	cuuint64_t zero = 0;
 	void *a, *small, *a2, *c;
 	int fd;
+
+	/* Refused exports start nothing and open nothing; a pool's first export starts its
+	 * broker, the next ones share it, and the pool's destruction stops it. Counted on the
+	 * simulated driver, whose threads and descriptors are all known. */
+	if (b.sim) {
+		sop_pool_t probe = ipc_pool();
+		int t0 = threads(), f0 = open_fds(), fd2;
+
+		EXPECT_EQ(sop_pool_export_to_shareable_handle(&fd, probe, CU_MEM_HANDLE_TYPE_NONE, 0),
+			  CUDA_ERROR_INVALID_VALUE, "export of another type");
+		EXPECT_EQ(sop_pool_export_to_shareable_handle(&fd, probe, POSIX_FD, 1),
+			  CUDA_ERROR_INVALID_VALUE, "export with flags");
+		EXPECT_EQ(sop_pool_export_to_shareable_handle(NULL, probe, POSIX_FD, 0),
+			  CUDA_ERROR_INVALID_VALUE, "export to NULL");
+		EXPECT_EQ(threads(), t0, "refused exports: threads");
+		EXPECT_EQ(open_fds(), f0, "refused exports: descriptors");
+		TH_OK(sop_pool_export_to_shareable_handle(&fd, probe, POSIX_FD, 0));
+		TH_OK(sop_pool_export_to_shareable_handle(&fd2, probe, POSIX_FD, 0));
+		EXPECT_EQ(threads(), t0 + 1, "a pool exported twice: one broker");
+		TH_EQ(close(fd), 0);
+		TH_EQ(close(fd2), 0);
+		TH_OK(sop_pool_destroy(probe));
+		EXPECT_EQ(threads(), t0, "a destroyed pool's broker");
+		EXPECT_EQ(open_fds(), f0, "a destroyed pool's descriptors");
+	}
 
 	TH_OK(sop_pool_export_to_shareable_handle(&fd, pool, POSIX_FD, 0));
 	m.op = POOL;
