@@ -7,8 +7,9 @@
  * live import; a piece released and made again at the same place; one pool imported several
  * times, through several exported descriptors; every byte of export data changed, one at a
  * time; an allocation over two pieces; refused exports that start no thread and open no
- * descriptor, one broker per pool however often it is exported. Each process ends with its
- * driver objects and descriptors as they were before its first pool.
+ * descriptor, one broker per pool however often it is exported; imports and frees on several
+ * threads racing the imported pool's destruction. Each process ends with its driver objects
+ * and descriptors as they were before its first pool.
  *
  * The driver may not be used after fork in a process that used it, so main never touches sop:
  * it forks the processes of each scenario and waits for them. They order their work through
@@ -938,6 +939,131 @@ span_importer(int s)
 	return failed;
 }
 
+/* ---- Imports and frees racing the imported pool's destruction ------------------------------ */
+
+#define RACE_BLOCKS 16
+#define RACE_THREADS 4
+
+struct racer {
+	sop_pool_t pool;
+	const struct msg *m;
+	CUcontext ctx;
+	int me;
+	atomic_int *stop, *destroying;
+	int ok, refused; /* imports */
+};
+
+static void *
+race_worker(void *arg)
+{
+	struct racer *w = arg;
+	uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(w->me + 1);
+	CUstream st;
+
+	TH_OK(th.cuCtxSetCurrent(w->ctx));
+	st = th_stream();
+	while (!atomic_load(w->stop)) {
+		int i;
+		void *q;
+		uint32_t word;
+		CUresult r;
+
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		i = (int)(x % RACE_BLOCKS);
+		r = sop_pool_import_pointer(&q, w->pool, (CUmemPoolPtrExportData *)&w->m->d[i]);
+		if (r == CUDA_ERROR_INVALID_VALUE) {
+			/* Only once the pool's destruction has begun. */
+			TH_ASSERT(atomic_load(w->destroying));
+			w->refused++;
+			usleep(100);
+			continue;
+		}
+		TH_OK(r);
+		w->ok++;
+		TH_OK(th.cuMemcpyDtoHAsync(&word, (CUdeviceptr)(uintptr_t)q + w->m->size[i] - 4, 4,
+					   st));
+		TH_OK(sop__drv.cuStreamSynchronize(st));
+		TH_EQ(word, w->m->tag[i]);
+		/* An import's free is good whatever happened to its pool meanwhile. */
+		TH_OK(sop_free_async(q, st));
+		if (x & 1)
+			TH_OK(sop_stream_synchronize(st));
+	}
+	TH_OK(sop_stream_synchronize(st));
+	TH_OK(sop_stream_destroy(st));
+	return NULL;
+}
+
+static int
+race_exporter(int s)
+{
+	static struct msg m;
+	struct base b = base_take();
+	CUstream st = th_stream();
+	sop_pool_t pool = ipc_pool();
+	void *p[RACE_BLOCKS];
+	int fd, i;
+
+	TH_OK(sop_pool_export_to_shareable_handle(&fd, pool, POSIX_FD, 0));
+	memset(&m, 0, sizeof m);
+	m.op = POOL;
+	for (i = 0; i < RACE_BLOCKS; i++)
+		p[i] = make(&m, i, pool, mixed[i % 8], 0x7a000000u + (uint32_t)i, st);
+	TH_OK(sop_stream_synchronize(st));
+	send_msg(s, fd, &m);
+	TH_EQ(close(fd), 0);
+	hear(s, DONE);
+	for (i = 0; i < RACE_BLOCKS; i++)
+		TH_OK(sop_free_async(p[i], st));
+	pool_end(pool, st);
+	TH_OK(sop_stream_destroy(st));
+	base_check(&b, "a race with destruction: exporter");
+	return failed;
+}
+
+static int
+race_importer(int s)
+{
+	static struct msg m;
+	struct base b = base_take();
+	struct racer w[RACE_THREADS];
+	pthread_t t[RACE_THREADS];
+	atomic_int stop = 0, destroying = 0;
+	sop_pool_t ipool;
+	CUcontext ctx;
+	int fd, i, ok = 0, refused = 0;
+
+	fd = recv_msg(s, &m, POOL);
+	ipool = import_pool(fd);
+	TH_EQ(close(fd), 0);
+	TH_OK(sop__drv.cuCtxGetCurrent(&ctx));
+	for (i = 0; i < RACE_THREADS; i++) {
+		w[i] = (struct racer){.pool = ipool, .m = &m, .ctx = ctx, .me = i, .stop = &stop,
+				      .destroying = &destroying};
+		TH_ASSERT(pthread_create(&t[i], NULL, race_worker, &w[i]) == 0);
+	}
+	usleep(200 * 1000);
+	atomic_store(&destroying, 1);
+	TH_OK(sop_pool_destroy(ipool));
+	usleep(50 * 1000);
+	atomic_store(&stop, 1);
+	for (i = 0; i < RACE_THREADS; i++) {
+		TH_ASSERT(pthread_join(t[i], NULL) == 0);
+		ok += w[i].ok;
+		refused += w[i].refused;
+	}
+	TH_ASSERT(ok > 0);
+	/* Torn down once the last free completed. */
+	TH_OK(sop_ctx_synchronize());
+	TH_ASSERT(TH_POOL(ipool) == NULL);
+	say(s, DONE);
+	printf("ipc-peers: %d imports, %d refused after the destruction\n", ok, refused);
+	base_check(&b, "a race with destruction: importer");
+	return failed;
+}
+
 /* ---- The scenarios, each in processes of its own -------------------------------------------- */
 
 static pid_t
@@ -1029,6 +1155,20 @@ run_span_importer(int s, int unused)
 }
 
 static int
+run_race_exporter(int s, int unused)
+{
+	(void)unused;
+	return race_exporter(s);
+}
+
+static int
+run_race_importer(int s, int unused)
+{
+	(void)unused;
+	return race_importer(s);
+}
+
+static int
 run_again_exporter(int s, int unused)
 {
 	(void)unused;
@@ -1101,6 +1241,8 @@ main(void)
 
 	r = join(r, pair(run_span_exporter, run_span_importer, "an allocation over two pieces", -1,
 			 NULL));
+	r = join(r, pair(run_race_exporter, run_race_importer,
+			 "imports and frees racing the pool's destruction", -1, NULL));
 	r = join(r, pair(run_again_exporter, run_again_importer,
 			 "trims, a piece made again, changed bytes", -1, NULL));
 	if (!r)
