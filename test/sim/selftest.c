@@ -63,7 +63,8 @@
 	X(cuStreamGetDevice) \
 	X(cuLaunchHostFunc) X(cuStreamAddCallback) \
 	X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery) \
-	X(cuEventSynchronize) X(cuEventElapsedTime) \
+	X(cuEventSynchronize) X(cuEventElapsedTime) X(cuIpcGetEventHandle) \
+	X(cuIpcOpenEventHandle) \
 	X(cuMemsetD8Async) X(cuMemsetD32Async) X(cuMemsetD8) X(cuMemcpyHtoDAsync) \
 	X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemcpyHtoD) X(cuMemcpyDtoH) \
 	X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing) \
@@ -980,6 +981,55 @@ static void test_events(void)
 	OK(drv.cuStreamDestroy(a));
 	OK(drv.cuStreamDestroy(b));
 	OK(drv.cuStreamDestroy(c));
+	check_no_leaks();
+}
+
+/*
+ * Interprocess events in one process: the driver's argument rules, and
+ * order through the shared page. Across processes: test/ipc-events.c.
+ */
+static void test_ipc_events(void)
+{
+	struct gate g = GATE_INIT;
+	CUipcEventHandle h, junk;
+	CUstream a, b;
+	CUevent e, plain, opened;
+
+	CHECK_RC(drv.cuEventCreate(&e, CU_EVENT_INTERPROCESS), CUDA_ERROR_INVALID_VALUE);
+	OK(drv.cuEventCreate(&e, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING));
+	OK(drv.cuEventCreate(&plain, CU_EVENT_DISABLE_TIMING));
+	CHECK_RC(drv.cuIpcGetEventHandle(&h, plain), CUDA_ERROR_INVALID_VALUE);
+	CHECK_RC(drv.cuIpcGetEventHandle(NULL, e), CUDA_ERROR_INVALID_VALUE);
+	OK(drv.cuIpcGetEventHandle(&h, e));
+	/* Opened by other processes only; a handle sim did not write is refused. */
+	CHECK_RC(drv.cuIpcOpenEventHandle(&opened, h), CUDA_ERROR_INVALID_CONTEXT);
+	memset(&junk, 0x5a, sizeof(junk));
+	CHECK_RC(drv.cuIpcOpenEventHandle(&opened, junk), CUDA_ERROR_INVALID_VALUE);
+	CHECK_RC(drv.cuIpcOpenEventHandle(NULL, h), CUDA_ERROR_INVALID_VALUE);
+
+	OK(drv.cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+	OK(drv.cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+	OK(drv.cuEventQuery(e));	/* never recorded */
+	OK(drv.cuStreamWaitEvent(b, e, 0));	/* no-op */
+	log_reset();
+	OK(drv.cuLaunchHostFunc(a, gate_wait, &g));
+	OK(log_on(a, 'A'));
+	OK(drv.cuEventRecord(e, a));
+	CHECK_RC(drv.cuEventQuery(e), CUDA_ERROR_NOT_READY);
+	OK(drv.cuStreamWaitEvent(b, e, 0));
+	OK(log_on(b, 'B'));
+	msleep(30);
+	CHECK(log_is(""));
+	gate_open(&g);
+	OK(drv.cuEventSynchronize(e));
+	OK(drv.cuStreamSynchronize(b));
+	CHECK(log_is("AB"));
+	OK(drv.cuEventQuery(e));
+
+	OK(drv.cuEventDestroy(e));
+	OK(drv.cuEventDestroy(plain));
+	OK(drv.cuStreamDestroy(a));
+	OK(drv.cuStreamDestroy(b));
 	check_no_leaks();
 }
 
@@ -1915,6 +1965,7 @@ int main(int argc, char **argv)
 	run("stream-order", test_stream_order);
 	run("host-functions", test_host_functions);
 	run("events", test_events);
+	run("ipc-events", test_ipc_events);
 	run("legacy-stream", test_legacy_stream);
 	run("stream-destroy-pending", test_stream_destroy_pending);
 	run("stream-handle-reuse", test_stream_handle_reuse);

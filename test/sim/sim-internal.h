@@ -63,6 +63,7 @@
 	X(cuStreamGetDevice) X(cuLaunchHostFunc) X(cuStreamAddCallback) \
 	X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventRecordWithFlags) \
 	X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime) \
+	X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) \
 	X(cuMemsetD8Async) X(cuMemsetD16Async) X(cuMemsetD32Async) \
 	X(cuMemsetD8) X(cuMemsetD16) X(cuMemsetD32) \
 	X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemcpyAsync) \

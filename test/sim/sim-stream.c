@@ -21,6 +21,15 @@
  * pending work, and an operation on a blocking stream first waits for the
  * legacy stream's pending work.
  *
+ * Interprocess events (CU_EVENT_INTERPROCESS) keep what other processes need
+ * in a page of shared memory (a memfd): how many records were enqueued, in
+ * every process, and the last that ran. A record takes the next number and
+ * its run publishes it; a wait, query or synchronization asks for the number
+ * the event had when it was called, polling the page from the waiting stream's
+ * worker. cuIpcGetEventHandle writes the creator's pid and the memfd's number
+ * in the handle, and cuIpcOpenEventHandle opens it through /proc, as a process
+ * of the same user may.
+ *
  * Lock order: event lock, then context lock, then stream lock; the handle
  * tables' locks come last.
  */
@@ -28,9 +37,15 @@
 #define _GNU_SOURCE
 #endif
 
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "sim-internal.h"
 
@@ -41,6 +56,7 @@ enum op_kind {
 	OP_COPY,
 	OP_WAIT,
 	OP_RECORD,
+	OP_IPC_WAIT,
 };
 
 struct op {
@@ -74,7 +90,12 @@ struct op {
 		struct {
 			struct sim_event *event;	/* holds a reference */
 			uint64_t gen;
+			uint64_t ipc_gen;		/* interprocess: the shared number */
 		} record;
+		struct {
+			struct sim_event *event;	/* holds a reference */
+			uint64_t gen;			/* shared number to wait for */
+		} ipc_wait;
 	};
 };
 
@@ -118,7 +139,29 @@ struct sim_event {
 	struct timespec time;		/* when the record of `gen` ran */
 	bool captured;			/* last recorded in a capture (cap_lock) */
 	uint64_t capture_id;		/* that capture's id (cap_lock) */
+
+	struct sim_ipc *ipc;		/* interprocess: the shared page; else NULL */
+	int ipc_fd;			/* the creator's memfd; -1 if opened or not shared */
 };
+
+/* The shared page of an interprocess event. */
+#define SIM_IPC_MAGIC 0x73696d6970636576ull	/* "simipcev" */
+struct sim_ipc {
+	uint64_t magic;
+	uint64_t serial;		/* tells this event from a later one at the same fd */
+	_Atomic uint64_t recorded;	/* records enqueued, in every process */
+	_Atomic uint64_t completed;	/* the highest of them that ran */
+};
+
+/* What cuIpcGetEventHandle writes in CUipcEventHandle.reserved. */
+struct sim_ipc_handle {
+	uint64_t magic;
+	uint64_t serial;
+	int32_t pid;
+	int32_t fd;
+};
+_Static_assert(sizeof(struct sim_ipc_handle) <= sizeof(((CUipcEventHandle *)0)->reserved),
+	       "an IPC event handle fits the driver's");
 
 /* A position to wait for, with a reference on its stream. */
 struct pos {
@@ -159,6 +202,10 @@ static void event_put(struct sim_event *e)
 		return;
 	if (e->stream)
 		stream_put(e->stream);
+	if (e->ipc)
+		munmap(e->ipc, sizeof(*e->ipc));
+	if (e->ipc_fd >= 0)
+		close(e->ipc_fd);
 	pthread_mutex_destroy(&e->lock);
 	free(e);
 	sim_ctx_put(ctx);
@@ -170,6 +217,8 @@ static void op_free(struct op *op)
 		stream_put(op->wait.stream);
 	else if (op->kind == OP_RECORD)
 		event_put(op->record.event);
+	else if (op->kind == OP_IPC_WAIT)
+		event_put(op->ipc_wait.event);
 	free(op);
 }
 
@@ -284,9 +333,62 @@ static void run_memset(const struct op *op)
 	}
 }
 
+/* ---- interprocess events ---- */
+
+/* Record number gen has run: completed is the highest that has. */
+static void ipc_complete(struct sim_ipc *ipc, uint64_t gen)
+{
+	uint64_t c = atomic_load(&ipc->completed);
+
+	while (c < gen && !atomic_compare_exchange_weak(&ipc->completed, &c, gen))
+		;
+}
+
+/* Block until record number gen has run, in whichever process it was made. */
+static void ipc_wait(struct sim_ipc *ipc, uint64_t gen)
+{
+	struct timespec ts = {0, 20000};
+
+	while (atomic_load(&ipc->completed) < gen)
+		nanosleep(&ts, NULL);
+}
+
+static struct sim_ipc *ipc_map(int fd)
+{
+	struct stat st;
+	void *m;
+
+	if (fstat(fd, &st) || st.st_size < (off_t)sizeof(struct sim_ipc))
+		return NULL;
+	m = mmap(NULL, sizeof(struct sim_ipc), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	return m == MAP_FAILED ? NULL : m;
+}
+
+/* A new shared page for an event created with CU_EVENT_INTERPROCESS. */
+static bool ipc_new(struct sim_event *e)
+{
+	static _Atomic uint64_t next_serial = 1;
+	int fd = memfd_create("sim-ipc-event", MFD_CLOEXEC);
+
+	if (fd < 0)
+		return false;
+	if (ftruncate(fd, sizeof(struct sim_ipc)) || !(e->ipc = ipc_map(fd))) {
+		close(fd);
+		return false;
+	}
+	e->ipc_fd = fd;
+	e->ipc->magic = SIM_IPC_MAGIC;
+	e->ipc->serial = (uint64_t)getpid() << 32 ^ atomic_fetch_add(&next_serial, 1) ^
+			 (uint64_t)time(NULL) << 20;
+	return true;
+}
+
 static void run_record(const struct op *op)
 {
 	struct sim_event *e = op->record.event;
+
+	if (e->ipc)
+		ipc_complete(e->ipc, op->record.ipc_gen);
 
 	pthread_mutex_lock(&e->lock);
 	/* A record that was overwritten by a later one leaves no trace. */
@@ -323,6 +425,9 @@ static void op_run(const struct op *op)
 		break;
 	case OP_RECORD:
 		run_record(op);
+		break;
+	case OP_IPC_WAIT:
+		ipc_wait(op->ipc_wait.event->ipc, op->ipc_wait.gen);
 		break;
 	}
 }
@@ -1104,31 +1209,46 @@ static void event_unlink(struct sim_event *e)
 		e->ctx_next->ctx_prev = e->ctx_prev;
 }
 
-SIM_EXPORT CUresult CUDAAPI cuEventCreate(CUevent *ph, unsigned int flags)
+/*
+ * A new event in the current context. An interprocess one gets a shared page
+ * of its own (ipc_fd -1), or the one opened at ipc_fd (closed here either way).
+ */
+static CUresult event_new(unsigned flags, int ipc_fd, CUevent *ph)
 {
-	const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING |
-			       CU_EVENT_INTERPROCESS;
 	struct sim_ctx *ctx;
 	struct sim_event *e;
 	uint64_t value = 0;
 	CUresult rc = CUDA_SUCCESS;
 
-	SIM_ENTER(cuEventCreate);
-	if (!ph || (flags & ~known))
-		return CUDA_ERROR_INVALID_VALUE;
-	if (flags & CU_EVENT_INTERPROCESS)
-		return CUDA_ERROR_NOT_SUPPORTED;
 	rc = sim_ctx_current(&ctx);
-	if (rc != CUDA_SUCCESS)
+	if (rc != CUDA_SUCCESS) {
+		if (ipc_fd >= 0)
+			close(ipc_fd);
 		return rc;
+	}
 	e = calloc(1, sizeof(*e));
-	if (!e)
+	if (!e) {
+		if (ipc_fd >= 0)
+			close(ipc_fd);
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
 	sim_ctx_ref(ctx);
 	e->ctx = ctx;
 	e->flags = flags;
+	e->ipc_fd = -1;
 	atomic_init(&e->refs, 1);
 	pthread_mutex_init(&e->lock, NULL);
+	if (ipc_fd >= 0) {
+		e->ipc = ipc_map(ipc_fd);
+		close(ipc_fd);
+		if (!e->ipc || e->ipc->magic != SIM_IPC_MAGIC) {
+			event_put(e);
+			return CUDA_ERROR_INVALID_VALUE;
+		}
+	} else if ((flags & CU_EVENT_INTERPROCESS) && !ipc_new(e)) {
+		event_put(e);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
 	/* Bound and listed in one step, for cuCtxDestroy and cuEventDestroy alike. */
 	pthread_mutex_lock(&ctx->lock);
 	if (atomic_load(&ctx->destroyed)) {
@@ -1149,6 +1269,84 @@ SIM_EXPORT CUresult CUDAAPI cuEventCreate(CUevent *ph, unsigned int flags)
 	}
 	*ph = (CUevent)(uintptr_t)value;
 	return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuEventCreate(CUevent *ph, unsigned int flags)
+{
+	const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING |
+			       CU_EVENT_INTERPROCESS;
+
+	SIM_ENTER(cuEventCreate);
+	if (!ph || (flags & ~known))
+		return CUDA_ERROR_INVALID_VALUE;
+	/* The driver's rule: an interprocess event is not timed. */
+	if ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING))
+		return CUDA_ERROR_INVALID_VALUE;
+	return event_new(flags, -1, ph);
+}
+
+SIM_EXPORT CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent event)
+{
+	struct sim_ipc_handle h = {0};
+	struct sim_event *e;
+	CUresult rc;
+
+	SIM_ENTER(cuIpcGetEventHandle);
+	if (!handle)
+		return CUDA_ERROR_INVALID_VALUE;
+	rc = event_get(event, &e);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	/* Only the creator's: an opened event names its page through the creator. */
+	if (e->ipc && e->ipc_fd >= 0) {
+		h.magic = SIM_IPC_MAGIC;
+		h.serial = e->ipc->serial;
+		h.pid = (int32_t)getpid();
+		h.fd = e->ipc_fd;
+		memset(handle, 0, sizeof(*handle));
+		memcpy(handle->reserved, &h, sizeof(h));
+	} else {
+		rc = CUDA_ERROR_INVALID_VALUE;
+	}
+	event_put(e);
+	return rc;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *ph, CUipcEventHandle handle)
+{
+	struct sim_ipc_handle h;
+	struct sim_ipc *ipc;
+	char path[64];
+	CUevent ev;
+	CUresult rc;
+	int fd;
+
+	SIM_ENTER(cuIpcOpenEventHandle);
+	if (!ph)
+		return CUDA_ERROR_INVALID_VALUE;
+	memcpy(&h, handle.reserved, sizeof(h));
+	if (h.magic != SIM_IPC_MAGIC || h.fd < 0 || h.pid <= 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	/* The driver opens IPC handles of other processes only. */
+	if (h.pid == (int32_t)getpid())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)h.pid, (int)h.fd);
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	/* The same page, not whatever the creator has at that number now. */
+	ipc = ipc_map(fd);
+	if (!ipc || ipc->magic != SIM_IPC_MAGIC || ipc->serial != h.serial) {
+		if (ipc)
+			munmap(ipc, sizeof(*ipc));
+		close(fd);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	munmap(ipc, sizeof(*ipc));
+	rc = event_new(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING, fd, &ev);
+	if (rc == CUDA_SUCCESS)
+		*ph = ev;
+	return rc;
 }
 
 SIM_EXPORT CUresult CUDAAPI cuEventDestroy(CUevent handle)
@@ -1176,7 +1374,7 @@ static CUresult event_record(CUevent handle, CUstream stream_handle)
 	struct sim_event *e;
 	struct sim_stream *s, *old = NULL;
 	struct op *op;
-	uint64_t seq;
+	uint64_t seq, ipc_gen = 0;
 	CUresult rc;
 
 	rc = event_get(handle, &e);
@@ -1204,7 +1402,12 @@ static CUresult event_record(CUevent handle, CUstream stream_handle)
 		op_free(op);
 		goto out_stream;
 	}
+	if (e->ipc)
+		op->record.ipc_gen = ipc_gen = atomic_fetch_add(&e->ipc->recorded, 1) + 1;
 	rc = enqueue(s, op, &seq);
+	if (rc != CUDA_SUCCESS && e->ipc)
+		/* Taken, so published: no process waits for a record that never runs. */
+		ipc_complete(e->ipc, ipc_gen);
 	if (rc == CUDA_SUCCESS) {
 		old = e->stream;
 		stream_ref(s);
@@ -1257,9 +1460,34 @@ static CUresult event_position(CUevent handle, struct pos *p)
 	return CUDA_SUCCESS;
 }
 
+/*
+ * An interprocess event, with a reference, and the number of its last record
+ * in any process (0: none); NULL (and success) for an event of this process
+ * alone.
+ */
+static CUresult event_ipc(CUevent handle, struct sim_event **out, uint64_t *gen)
+{
+	struct sim_event *e;
+	CUresult rc;
+
+	*out = NULL;
+	rc = event_get(handle, &e);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (!e->ipc) {
+		event_put(e);
+		return CUDA_SUCCESS;
+	}
+	*gen = atomic_load(&e->ipc->recorded);
+	*out = e;
+	return CUDA_SUCCESS;
+}
+
 SIM_EXPORT CUresult CUDAAPI cuEventQuery(CUevent handle)
 {
+	struct sim_event *e;
 	struct pos p;
+	uint64_t gen;
 	bool done;
 	CUresult rc;
 
@@ -1269,6 +1497,14 @@ SIM_EXPORT CUresult CUDAAPI cuEventQuery(CUevent handle)
 	rc = sim_capture_unsafe();
 	if (rc != CUDA_SUCCESS)
 		return rc;
+	rc = event_ipc(handle, &e, &gen);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (e) {
+		done = atomic_load(&e->ipc->completed) >= gen;
+		event_put(e);
+		return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+	}
 	rc = event_position(handle, &p);
 	if (rc != CUDA_SUCCESS || !p.stream)
 		return rc;
@@ -1279,7 +1515,9 @@ SIM_EXPORT CUresult CUDAAPI cuEventQuery(CUevent handle)
 
 SIM_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent handle)
 {
+	struct sim_event *e;
 	struct pos p;
+	uint64_t gen;
 	CUresult rc;
 
 	SIM_ENTER(cuEventSynchronize);
@@ -1288,6 +1526,14 @@ SIM_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent handle)
 	rc = sim_capture_unsafe();
 	if (rc != CUDA_SUCCESS)
 		return rc;
+	rc = event_ipc(handle, &e, &gen);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (e) {
+		ipc_wait(e->ipc, gen);
+		event_put(e);
+		return CUDA_SUCCESS;
+	}
 	rc = event_position(handle, &p);
 	if (rc != CUDA_SUCCESS || !p.stream)
 		return rc;
@@ -1343,9 +1589,10 @@ SIM_EXPORT CUresult CUDAAPI cuEventElapsedTime(float *ms, CUevent start, CUevent
 SIM_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream handle, CUevent event, unsigned int flags)
 {
 	struct sim_stream *s;
+	struct sim_event *e;
 	struct pos p;
 	struct op *op;
-	uint64_t seq;
+	uint64_t seq, gen;
 	CUresult rc;
 
 	SIM_ENTER(cuStreamWaitEvent);
@@ -1356,6 +1603,22 @@ SIM_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream handle, CUevent event, un
 		return rc;
 	if (capture_wait(s, event, flags, &rc))
 		goto out;
+	rc = event_ipc(event, &e, &gen);
+	if (rc != CUDA_SUCCESS)
+		goto out;
+	if (e) {
+		/* The last record in any process, as it is now. */
+		if (!gen || !(op = calloc(1, sizeof(*op)))) {
+			event_put(e);
+			rc = gen ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+			goto out;
+		}
+		op->kind = OP_IPC_WAIT;
+		op->ipc_wait.event = e;	/* the reference moves into the op */
+		op->ipc_wait.gen = gen;
+		rc = enqueue(s, op, &seq);
+		goto out;
+	}
 	/* The record as it is now; a later record does not move this wait. */
 	rc = event_position(event, &p);
 	if (rc != CUDA_SUCCESS || !p.stream)
