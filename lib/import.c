@@ -16,6 +16,7 @@
 #endif
 
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -339,7 +340,8 @@ ptr_drop(struct sop_pool *pool, size_t i)
 	im->n_ptrs--;
 	if (rec.done) {
 		SOP_DRV(cuEventDestroy)(rec.done);
-		im->n_pending--;
+		/* Peeked at without the lock (sop__import_sync). */
+		__atomic_store_n(&im->n_pending, im->n_pending - 1, __ATOMIC_RELAXED);
 	}
 	pieces_ref(pool, rec.ptr, rec.size, -1);
 }
@@ -693,6 +695,34 @@ import_once(struct sop_pool *pool, const struct sop__export_data *d, bool with_h
 	return r;
 }
 
+/* Whether export data is well formed for this pool: every field, the unused ones zero. */
+static bool
+data_ok(const struct sop_pool *pool, const CUmemPoolPtrExportData *data,
+	const struct sop__export_data *d)
+{
+	size_t i;
+
+	for (i = sizeof *d; i < sizeof data->reserved; i++)
+		if (data->reserved[i])
+			return false;
+	return d->magic == SOP_WIRE_MAGIC && d->version == SOP_WIRE_VERSION && !d->zero &&
+	       !d->pad[0] && !d->pad[1] && d->check == sop__share_check(d) &&
+	       d->token == pool->token && d->size && d->off < pool->va_size &&
+	       d->size <= pool->va_size - d->off;
+}
+
+/* Whether the broker is still there: its end of the connection open. The board outlives an
+ * exporter that exited or destroyed its pool, and must not answer for it. */
+static bool
+broker_alive(const struct sop__import *im)
+{
+	struct pollfd p = {.fd = im->fd, .events = POLLIN};
+
+	if (im->fd < 0 || poll(&p, 1, 0) < 0)
+		return false;
+	return !(p.revents & (POLLHUP | POLLERR | POLLNVAL));
+}
+
 CUresult
 sop__import_pointer(struct sop_pool *pool, const CUmemPoolPtrExportData *data, void **out)
 {
@@ -703,9 +733,7 @@ sop__import_pointer(struct sop_pool *pool, const CUmemPoolPtrExportData *data, v
 	int attempt;
 
 	memcpy(&d, data, sizeof d);
-	if (d.magic != SOP_WIRE_MAGIC || d.version != SOP_WIRE_VERSION ||
-	    d.check != sop__share_check(&d) || d.token != pool->token || !d.size ||
-	    d.off >= pool->va_size || d.size > pool->va_size - d.off)
+	if (!data_ok(pool, data, &d))
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&im->lock);
 	pthread_mutex_lock(&pool->lock);
@@ -715,7 +743,7 @@ sop__import_pointer(struct sop_pool *pool, const CUmemPoolPtrExportData *data, v
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 	reap(pool, false);
-	if (import_local(pool, &d)) {
+	if (broker_alive(im) && import_local(pool, &d)) {
 		pthread_mutex_unlock(&pool->lock);
 		pthread_mutex_unlock(&im->lock);
 		*out = (void *)(uintptr_t)(pool->va_base + d.off);
@@ -796,7 +824,7 @@ sop__import_free(struct sop_pool *pool, CUdeviceptr addr, CUstream stream, bool 
 		}
 	} else if ((r = free_event(stream, &ev)) == CUDA_SUCCESS) {
 		im->ptrs[i].done = ev;
-		im->n_pending++;
+		__atomic_store_n(&im->n_pending, im->n_pending + 1, __ATOMIC_RELAXED);
 	}
 	if (r != CUDA_SUCCESS) {
 		im->ptrs[i].count++;

@@ -72,6 +72,7 @@ board_ensure(struct sop_pool *pool)
  * held. */
 static uint64_t
 piece_under(const struct sop__segment *seg, CUdeviceptr addr, size_t size);
+static struct sop__segment *segment_of(struct sop_pool *pool, CUdeviceptr addr);
 
 /* Put an exported allocation on the board, if a slot near its place is free. Pool lock held. */
 static void
@@ -118,6 +119,7 @@ CUresult
 sop__share_pointer(struct sop_pool *pool, CUdeviceptr addr, CUmemPoolPtrExportData *out)
 {
 	struct sop__export_data d = {0};
+	struct sop__segment *seg;
 	struct sop__block *b;
 
 	if (!(pool->props.handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) || pool->imported)
@@ -139,7 +141,8 @@ sop__share_pointer(struct sop_pool *pool, CUdeviceptr addr, CUmemPoolPtrExportDa
 	d.off = addr - pool->va_base;
 	d.size = __atomic_load_n(&b->req, __ATOMIC_RELAXED);
 	d.gen = __atomic_load_n(&b->gen, __ATOMIC_RELAXED);
-	board_put(pool, &d, piece_under(b->seg, addr, d.size));
+	seg = segment_of(pool, addr);
+	board_put(pool, &d, seg ? piece_under(seg, addr, d.size) : 0);
 	pthread_mutex_unlock(&pool->lock);
 	d.check = sop__share_check(&d);
 	_Static_assert(sizeof d <= sizeof *out, "export data fits the driver's");
@@ -167,19 +170,25 @@ fork_parent(void)
 	pthread_mutex_unlock(&brokers_lock);
 }
 
-/* The child has no broker threads. It closes its copies of their sockets, so that an exporter
- * that exits leaves no open end behind in a child that outlives it (importers would wait on it
- * rather than fail), and its pools export nothing more (doc/differences.md). */
+/* The child has no broker threads. It closes its copies of their sockets, the shared ends and
+ * every importer's connection, so that an exporter that exits leaves no open end behind in a
+ * child that outlives it (importers would wait on it rather than fail), and its pools export
+ * nothing more (doc/differences.md). */
 static void
 fork_child(void)
 {
 	struct sop__broker *bk;
 
 	for (bk = brokers; bk; bk = bk->next) {
+		size_t i;
+
 		close(bk->b);
 		close(bk->wake[0]);
 		close(bk->wake[1]);
 		bk->b = bk->wake[0] = bk->wake[1] = -1;
+		for (i = 0; i < bk->n_conn; i++)
+			close(bk->conn[i]);
+		bk->n_conn = 0;
 	}
 	pthread_mutex_unlock(&brokers_lock);
 }
@@ -204,6 +213,18 @@ pieces_from(const struct sop__segment *seg, CUdeviceptr addr)
 			hi = mid;
 	}
 	return lo;
+}
+
+/* The segment that holds addr. Pool lock held. */
+static struct sop__segment *
+segment_of(struct sop_pool *pool, CUdeviceptr addr)
+{
+	struct sop__segment *seg;
+
+	for (seg = pool->segments; seg; seg = seg->next)
+		if (addr >= seg->va && addr - seg->va < seg->size)
+			return seg;
+	return NULL;
 }
 
 static uint64_t
@@ -239,11 +260,18 @@ piece_fd(struct sop__piece *pc, int *fd)
 	int d;
 
 	if (!pc->fd_plus1) {
+		int kept;
+
 		r = SOP_DRV(cuMemExportToShareableHandle)(&d, pc->handle,
 							  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
 		if (r != CUDA_SUCCESS)
 			return r;
-		pc->fd_plus1 = d + 1;
+		/* Kept close-on-exec: a program the application executes gets none of them. */
+		kept = fcntl(d, F_DUPFD_CLOEXEC, 0);
+		close(d);
+		if (kept < 0)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		pc->fd_plus1 = kept + 1;
 	}
 	*fd = fcntl(pc->fd_plus1 - 1, F_DUPFD_CLOEXEC, 0);
 	return *fd >= 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
@@ -264,8 +292,9 @@ answer_make(struct sop_pool *pool, const struct sop__wire_request *q, struct sop
 	int *fds = NULL, mode;
 	CUresult r = CUDA_ERROR_INVALID_VALUE;
 
-	if (d->magic != SOP_WIRE_MAGIC || d->version != SOP_WIRE_VERSION ||
-	    d->check != sop__share_check(d) || d->token != pool->token || !d->gen || !d->size ||
+	if (d->magic != SOP_WIRE_MAGIC || d->version != SOP_WIRE_VERSION || d->zero || d->pad[0] ||
+	    d->pad[1] || d->check != sop__share_check(d) || d->token != pool->token || !d->gen ||
+	    !d->size ||
 	    d->off >= pool->va_size || d->size > pool->va_size - d->off)
 		return CUDA_ERROR_INVALID_VALUE;
 	addr = pool->va_base + d->off;
@@ -280,7 +309,11 @@ answer_make(struct sop_pool *pool, const struct sop__wire_request *q, struct sop
 	    __atomic_load_n(&b->gen, __ATOMIC_RELAXED) != d->gen ||
 	    __atomic_load_n(&b->req, __ATOMIC_RELAXED) != d->size)
 		goto out;
-	seg = b->seg;
+	/* The segment from the address, not from the descriptor: a free and reuse of the block
+	 * by the exporter's threads (against the importers' order) may be rewriting it. */
+	seg = segment_of(pool, addr);
+	if (!seg)
+		goto out;
 	r = sop__pool_ctx_push(pool);
 	if (r != CUDA_SUCCESS)
 		goto out;
@@ -485,62 +518,86 @@ struct broker_arg {
 	int board_fd; /* -1: none */
 };
 
+/* Room for one more connection; false without host memory. List lock held. */
+static bool
+conn_room(struct sop__broker *bk)
+{
+	int *v;
+	size_t c;
+
+	if (bk->n_conn < bk->cap_conn)
+		return true;
+	c = bk->cap_conn ? 2 * bk->cap_conn : 16;
+	v = realloc(bk->conn, c * sizeof *v);
+	if (!v)
+		return false;
+	bk->conn = v;
+	bk->cap_conn = c;
+	return true;
+}
+
 static void *
 broker_main(void *p)
 {
 	struct broker_arg *arg = p;
 	struct sop__broker *bk = arg->bk;
 	struct pollfd *pfd = NULL;
-	size_t n_conn = 0, cap = 0, i;
-	int *conn = NULL;
+	size_t cap = 0, n, i;
+	bool room;
 
 	for (;;) {
-		struct pollfd *np;
-		if (n_conn + 2 > cap) {
-			size_t c = cap ? 2 * cap : 16;
-			int *nc = realloc(conn, c * sizeof *conn);
-			if (nc)
-				conn = nc;
-			np = nc ? realloc(pfd, c * sizeof *pfd) : NULL;
+		pthread_mutex_lock(&brokers_lock);
+		room = conn_room(bk);
+		n = bk->n_conn;
+		pthread_mutex_unlock(&brokers_lock);
+		if (n + 2 > cap) {
+			struct pollfd *np = realloc(pfd, (n + 2) * sizeof *pfd);
 			if (np) {
 				pfd = np;
-				cap = c;
+				cap = n + 2;
 			}
 		}
-		if (!pfd) {
-			/* No host memory even for the first table: wait and try again. */
+		if (!pfd || n + 2 > cap) {
+			/* No host memory for the table: wait and try again. */
 			usleep(10000);
 			continue;
 		}
 		pfd[0] = (struct pollfd){.fd = bk->wake[0], .events = POLLIN};
-		/* Stop taking importers when the table is full (no memory to grow it). */
-		pfd[1] = (struct pollfd){.fd = n_conn + 2 <= cap ? bk->b : -1, .events = POLLIN};
-		for (i = 0; i < n_conn; i++)
-			pfd[2 + i] = (struct pollfd){.fd = conn[i], .events = POLLIN};
-		if (poll(pfd, 2 + n_conn, -1) < 0) {
+		/* No new importers while there is no room to note them. */
+		pfd[1] = (struct pollfd){.fd = room ? bk->b : -1, .events = POLLIN};
+		for (i = 0; i < n; i++)
+			pfd[2 + i] = (struct pollfd){.fd = bk->conn[i], .events = POLLIN};
+		if (poll(pfd, 2 + n, -1) < 0) {
 			if (errno == EINTR)
 				continue;
 			break;
 		}
 		if (pfd[0].revents)
 			break;
-		for (i = n_conn; i-- > 0;) {
+		for (i = n; i-- > 0;) {
 			if (!pfd[2 + i].revents)
 				continue;
-			if (!(pfd[2 + i].revents & POLLIN) || !serve(bk, conn[i])) {
-				close(conn[i]);
-				conn[i] = conn[--n_conn];
+			if (!(pfd[2 + i].revents & POLLIN) || !serve(bk, bk->conn[i])) {
+				pthread_mutex_lock(&brokers_lock);
+				close(bk->conn[i]);
+				bk->conn[i] = bk->conn[--bk->n_conn];
+				pthread_mutex_unlock(&brokers_lock);
 			}
 		}
 		if (pfd[1].revents & POLLIN) {
 			int c = hello(bk, &arg->welcome, arg->board_fd);
-			if (c >= 0)
-				conn[n_conn++] = c;
+			if (c >= 0) {
+				pthread_mutex_lock(&brokers_lock);
+				bk->conn[bk->n_conn++] = c; /* room was made above */
+				pthread_mutex_unlock(&brokers_lock);
+			}
 		}
 	}
-	for (i = 0; i < n_conn; i++)
-		close(conn[i]);
-	free(conn);
+	pthread_mutex_lock(&brokers_lock);
+	for (i = 0; i < bk->n_conn; i++)
+		close(bk->conn[i]);
+	bk->n_conn = 0;
+	pthread_mutex_unlock(&brokers_lock);
 	free(pfd);
 	free(arg);
 	return NULL;
@@ -549,6 +606,7 @@ broker_main(void *p)
 static void
 broker_close(struct sop__broker *bk)
 {
+	free(bk->conn);
 	if (bk->a >= 0)
 		close(bk->a);
 	if (bk->b >= 0)

@@ -557,6 +557,10 @@ struct sop__broker {
 	pthread_t thread;
 	int a, b;
 	int wake[2]; /* a pipe: its write end stops the thread */
+	/* The importers' connections, changed only under share.c's list lock, so that a forked
+	 * child closes its copies of them all. */
+	int *conn;
+	size_t n_conn, cap_conn;
 	struct sop__broker *next; /* every running broker, for fork */
 };
 
@@ -780,7 +784,7 @@ sop__used_add(struct sop__sstream *ss, struct sop__block *b, size_t req)
 	if (now > ss->used_hw)
 		ss->used_hw = now;
 	__atomic_store_n(&b->alloc_ss, ss, __ATOMIC_RELAXED); /* peeked at by frees: stream.c */
-	b->req = req;
+	__atomic_store_n(&b->req, req, __ATOMIC_RELAXED); /* a broker may be reading it (share.c) */
 }
 
 /* Uncount a free; ss is the freeing stream's state with its lock held, or NULL. */
