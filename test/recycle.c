@@ -248,6 +248,13 @@ special_per_context(cuuint64_t threshold)
 		return;
 	TH_OK(sop__drv.cuDevicePrimaryCtxRetain(&ctx0, 0));
 	TH_OK(sop__drv.cuDevicePrimaryCtxRetain(&ctx1, 1));
+	/* Device 1's streams use device 0's pools here: they need access, as on GPUs. */
+	{
+		CUmemAccessDesc to1 = {{CU_MEM_LOCATION_TYPE_DEVICE, 1},
+				       CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+		TH_OK(sop_pool_set_access(pool, &to1, 1));
+		TH_OK(sop_pool_set_access(snaps, &to1, 1));
+	}
 	/* Device 0's legacy stream: a busy block. */
 	TH_OK(sop_malloc_from_pool_async(&a, N, pool, NULL));
 	th_fill(a, N, PAT_A, NULL);

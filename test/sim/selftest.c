@@ -1376,8 +1376,10 @@ static void test_created_contexts(void)
 	CHECK(log_is("A"));
 	pthread_join(th, NULL);
 
-	/* cuCtxDestroy waits for queued work, a destroyed stream's included. */
+	/* cuCtxDestroy waits for queued work, a destroyed stream's included. The buffer is
+	 * device 0's: device 1's streams reach it once granted access. */
 	buffer_new(&b, gran);
+	OK(set_access(b.va, gran, 1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
 	log_reset();
 	OK(drv.cuLaunchHostFunc(s, gate_wait, &g2));
 	OK(drv.cuMemsetD8Async(b.va, 0x24, gran, s));

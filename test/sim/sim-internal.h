@@ -347,6 +347,9 @@ struct sim_node *sim_table_remove(struct sim_table *t, uint64_t key);
 void sim_vmm_live(struct sim_live *out);
 /* Bytes of physical memory created on dev and not yet freed. */
 size_t sim_vmm_device_used(int dev);
+/* Whether device dev may read and write [p, p + n) where that is memory mapped with cuMemMap
+ * (other memory is not checked): what a copy or memset on one of its streams needs. */
+bool sim_vmm_reaches(uintptr_t p, size_t n, int dev);
 /* Whether host memory can be made through the VMM calls now (sim_host_vmm). */
 bool sim_host_vmm_supported(void);
 /* The host NUMA node closest to dev (CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID): -1 where the machine has

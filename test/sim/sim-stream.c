@@ -808,6 +808,17 @@ static CUresult submit(CUstream handle, const struct op *tmpl, bool sync)
 	rc = stream_get(handle, &s);
 	if (rc != CUDA_SUCCESS)
 		return rc;
+	/* A memset or copy on a stream of a device the memory is not open to: on a GPU the copy
+	 * faults (CUDA_ERROR_ILLEGAL_ADDRESS, at its run); here the enqueue says so. */
+	if ((tmpl->kind == OP_MEMSET &&
+	     !sim_vmm_reaches((uintptr_t)tmpl->set.dst, tmpl->set.count * tmpl->set.width,
+			      s->ctx->device)) ||
+	    (tmpl->kind == OP_COPY &&
+	     (!sim_vmm_reaches((uintptr_t)tmpl->copy.dst, tmpl->copy.bytes, s->ctx->device) ||
+	      !sim_vmm_reaches((uintptr_t)tmpl->copy.src, tmpl->copy.bytes, s->ctx->device)))) {
+		stream_put(s);
+		return CUDA_ERROR_ILLEGAL_ADDRESS;
+	}
 	op = malloc(sizeof(*op));
 	if (!op) {
 		stream_put(s);

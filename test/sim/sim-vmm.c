@@ -1002,6 +1002,25 @@ SIM_EXPORT CUresult CUDAAPI cuMemFreeHost(void *p)
 
 /* ---- accounting ---- */
 
+bool sim_vmm_reaches(uintptr_t p, size_t n, int dev)
+{
+	uintptr_t end = p + n;
+	bool ok = true;
+
+	/* Mappings are apart: walk those the range touches. */
+	pthread_mutex_lock(&vmm_lock);
+	while (ok && p < end) {
+		struct mapping *m = map_containing(p);
+		if (!m)
+			break; /* not memory of the virtual memory calls: not checked */
+		ok = dev < 0 || dev >= SIM_MAX_DEVICES ||
+		     m->access[dev] == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+		p = m->base + m->size;
+	}
+	pthread_mutex_unlock(&vmm_lock);
+	return ok;
+}
+
 size_t sim_vmm_device_used(int dev)
 {
 	size_t used;
