@@ -194,9 +194,14 @@ sop__import_pool(int shared, struct sop_pool **out)
 	}
 	close(sv[1]);
 	/* A socket nobody answers on (not a sop pool's) times out; a closed broker reads 0. */
+	/* What an exportable pool can be, and nothing else: a device's or a NUMA node's memory,
+	 * shareable as descriptors. */
 	if (!welcome_recv(sv[0], &w, &board) || w.magic != SOP_WIRE_MAGIC ||
 	    w.version != SOP_WIRE_VERSION || w.op != SOP_WIRE_WELCOME || w.status ||
-	    !w.va_size || !w.token) {
+	    !w.va_size || !w.token || w.handle_types != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+	    (w.location.type != CU_MEM_LOCATION_TYPE_DEVICE &&
+	     w.location.type != CU_MEM_LOCATION_TYPE_HOST_NUMA) ||
+	    w.location.id < 0) {
 		if (board)
 			munmap(board, SOP_BOARD_BYTES);
 		close(sv[0]);
