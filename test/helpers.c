@@ -3,6 +3,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <sys/socket.h>
+
 #include "helpers.h"
 #include "kernels.ptx.h"
 
@@ -275,4 +277,46 @@ th_live(void)
 	if (th.sim_live_get)
 		th.sim_live_get(&l);
 	return l;
+}
+
+void
+th_send_fd(int sock, int fd, const void *buf, size_t n)
+{
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = {(void *)buf, n};
+	struct msghdr h = {0};
+
+	memset(cbuf, 0, sizeof cbuf);
+	h.msg_iov = &iov;
+	h.msg_iovlen = 1;
+	if (fd >= 0) {
+		struct cmsghdr *c = (struct cmsghdr *)cbuf;
+		h.msg_control = cbuf;
+		h.msg_controllen = sizeof cbuf;
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &fd, sizeof fd);
+	}
+	TH_ASSERT(sendmsg(sock, &h, MSG_NOSIGNAL) == (ssize_t)n);
+}
+
+int
+th_recv_fd(int sock, void *buf, size_t n)
+{
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = {buf, n};
+	struct msghdr h = {0};
+	struct cmsghdr *c;
+	int fd = -1;
+
+	h.msg_iov = &iov;
+	h.msg_iovlen = 1;
+	h.msg_control = cbuf;
+	h.msg_controllen = sizeof cbuf;
+	TH_ASSERT(recvmsg(sock, &h, MSG_CMSG_CLOEXEC) == (ssize_t)n);
+	c = CMSG_FIRSTHDR(&h);
+	if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+		memcpy(&fd, CMSG_DATA(c), sizeof fd);
+	return fd;
 }

@@ -142,6 +142,12 @@ sop_pool_t th_pool(int device, size_t max_size);
 void th_fill(void *p, size_t bytes, uint32_t v, CUstream s);
 bool th_verify(void *p, size_t bytes, uint32_t v, CUstream s);
 
+/* Messages between the processes of a test, on a Unix socket: n bytes and, where fd >= 0, a
+ * descriptor with them (SCM_RIGHTS); the receiver gets the descriptor (close-on-exec) or -1.
+ * Both assert that the whole message went. */
+void th_send_fd(int sock, int fd, const void *buf, size_t n);
+int th_recv_fd(int sock, void *buf, size_t n);
+
 /* Live objects in the simulated driver, for leak checks; zeros on a real driver. */
 struct sim_live th_live(void);
 

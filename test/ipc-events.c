@@ -31,40 +31,6 @@ struct msg {
 	CUipcEventHandle ev;
 };
 
-static void
-xfer(int s, int fd, void *buf, size_t n, bool out, int *fd_in)
-{
-	char cbuf[CMSG_SPACE(sizeof(int))];
-	struct iovec iov = {buf, n};
-	struct msghdr h = {0};
-	struct cmsghdr *c = (struct cmsghdr *)cbuf;
-
-	memset(cbuf, 0, sizeof cbuf);
-	h.msg_iov = &iov;
-	h.msg_iovlen = 1;
-	if (out) {
-		if (fd >= 0) {
-			h.msg_control = cbuf;
-			h.msg_controllen = sizeof cbuf;
-			c->cmsg_level = SOL_SOCKET;
-			c->cmsg_type = SCM_RIGHTS;
-			c->cmsg_len = CMSG_LEN(sizeof(int));
-			memcpy(CMSG_DATA(c), &fd, sizeof fd);
-		}
-		TH_ASSERT(sendmsg(s, &h, MSG_NOSIGNAL) == (ssize_t)n);
-		return;
-	}
-	h.msg_control = cbuf;
-	h.msg_controllen = sizeof cbuf;
-	TH_ASSERT(recvmsg(s, &h, 0) == (ssize_t)n);
-	if (fd_in) {
-		*fd_in = -1;
-		c = CMSG_FIRSTHDR(&h);
-		if (c && c->cmsg_type == SCM_RIGHTS)
-			memcpy(fd_in, CMSG_DATA(c), sizeof *fd_in);
-	}
-}
-
 static __typeof__(cuIpcGetEventHandle) *get_ev;
 static __typeof__(cuIpcOpenEventHandle) *open_ev;
 
@@ -209,15 +175,15 @@ exporter(int s)
 	th_gate_init(&gate);
 	th_gate_block(&gate, st);
 	TH_OK(sop_event_record(mine, st));
-	xfer(s, fd, &m, sizeof m, true, NULL);
+	th_send_fd(s, fd, &m, sizeof m);
 	close(fd);
-	xfer(s, -1, &theirs, sizeof theirs, false, NULL);
+	th_recv_fd(s, &theirs, sizeof theirs);
 	TH_OK(open_ev(&ev_in, theirs));
-	xfer(s, -1, &go, sizeof go, false, NULL);
+	th_recv_fd(s, &go, sizeof go);
 	th_gate_open(&gate);
 	TH_OK(sop_stream_synchronize(st));
 	/* Until the importer has seen the record complete, none comes after it. */
-	xfer(s, -1, &go, sizeof go, false, NULL);
+	th_recv_fd(s, &go, sizeof go);
 
 	for (r = 0; r < ROUNDS; r++) {
 		memset(&m, 0, sizeof m);
@@ -231,9 +197,9 @@ exporter(int s)
 			TH_OK(sop_pool_export_pointer(&m.d[i], p[i]));
 		}
 		TH_OK(sop_event_record(mine, st));
-		xfer(s, -1, &m, sizeof m, true, NULL);
+		th_send_fd(s, -1, &m, sizeof m);
 		/* The importer's tags and frees, ordered by its event. */
-		xfer(s, -1, &m, sizeof m, false, NULL);
+		th_recv_fd(s, &m, sizeof m);
 		TH_EQ(m.round, r);
 		TH_OK(sop_stream_wait_event(st, ev_in, 0));
 		for (i = 0; i < BLOCKS; i++) {
@@ -262,24 +228,24 @@ importer(int s, pid_t child)
 
 	setup();
 	st = th_stream();
-	xfer(s, -1, &m, sizeof m, false, &fd);
+	fd = th_recv_fd(s, &m, sizeof m);
 	TH_ASSERT(fd >= 0);
 	TH_OK(sop_pool_import_from_shareable_handle(&ipool, (void *)(intptr_t)fd,
 						    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
 	close(fd);
 	TH_OK(open_ev(&ev_in, m.ev));
 	mine = ipc_event(&h);
-	xfer(s, -1, &h, sizeof h, true, NULL);
+	th_send_fd(s, -1, &h, sizeof h);
 
 	/* The exporter's record waits behind its gate, which opens after this message. */
 	TH_EQ(th.cuEventQuery(ev_in), CUDA_ERROR_NOT_READY);
-	xfer(s, -1, &go, sizeof go, true, NULL);
+	th_send_fd(s, -1, &go, sizeof go);
 	TH_OK(sop_event_synchronize(ev_in));
 	TH_OK(th.cuEventQuery(ev_in));
-	xfer(s, -1, &go, sizeof go, true, NULL);
+	th_send_fd(s, -1, &go, sizeof go);
 
 	for (r = 0; r < ROUNDS; r++) {
-		xfer(s, -1, &m, sizeof m, false, NULL);
+		th_recv_fd(s, &m, sizeof m);
 		TH_EQ(m.round, r);
 		TH_OK(sop_stream_wait_event(st, ev_in, 0));
 		TH_OK(th.cuLaunchHostFunc(st, nap, NULL));
@@ -290,7 +256,7 @@ importer(int s, pid_t child)
 			TH_OK(sop_free_async(q[i], st));
 		}
 		TH_OK(sop_event_record(mine, st));
-		xfer(s, -1, &m, sizeof m, true, NULL);
+		th_send_fd(s, -1, &m, sizeof m);
 	}
 	finish(st, ROUNDS * BLOCKS);
 	/* Every import's free has completed: nothing stays mapped. */

@@ -33,44 +33,16 @@ struct msg {
 static void
 send_msg(int s, int fd, const struct msg *m)
 {
-	char cbuf[CMSG_SPACE(sizeof(int))];
-	struct iovec iov = {(void *)m, sizeof *m};
-	struct msghdr h = {0};
-
-	memset(cbuf, 0, sizeof cbuf);
-	h.msg_iov = &iov;
-	h.msg_iovlen = 1;
-	if (fd >= 0) {
-		struct cmsghdr *c = (struct cmsghdr *)cbuf;
-		h.msg_control = cbuf;
-		h.msg_controllen = sizeof cbuf;
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(c), &fd, sizeof fd);
-	}
-	TH_ASSERT(sendmsg(s, &h, 0) == (ssize_t)sizeof *m);
+	th_send_fd(s, fd, m, sizeof *m);
 }
 
 /* The next message (op checked), and its descriptor or -1. */
 static int
 recv_msg(int s, struct msg *m, int op)
 {
-	char cbuf[CMSG_SPACE(sizeof(int))];
-	struct iovec iov = {m, sizeof *m};
-	struct msghdr h = {0};
-	struct cmsghdr *c;
-	int fd = -1;
+	int fd = th_recv_fd(s, m, sizeof *m);
 
-	h.msg_iov = &iov;
-	h.msg_iovlen = 1;
-	h.msg_control = cbuf;
-	h.msg_controllen = sizeof cbuf;
-	TH_ASSERT(recvmsg(s, &h, 0) == (ssize_t)sizeof *m);
 	TH_EQ(m->op, op);
-	c = CMSG_FIRSTHDR(&h);
-	if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-		memcpy(&fd, CMSG_DATA(c), sizeof fd);
 	return fd;
 }
 
