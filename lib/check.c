@@ -168,7 +168,6 @@ sop__pool_check(struct sop_pool *pool)
 				    pc->va);
 		reserved += pc->size;
 	}
-	CHECK(!pool->import || pool->imports_held == pool->import->n_pieces + pool->import->n_ptrs);
 	CHECK(reserved == atomic_load(&pool->reserved));
 	CHECK(reserved <= atomic_load(&pool->reserved_high));
 	CHECK(!pool->max_size || reserved <= pool->max_size);

@@ -94,65 +94,37 @@ conn_close(struct sop__import *im)
 
 /* ---- Importing a pool ------------------------------------------------------------------------ */
 
-/* Send the hello, with the connection of our own, on the exported descriptor. */
+/* Send the hello, with the connection of our own, on the exported descriptor. Not waiting: a
+ * descriptor of something else, or an exporter gone, fails here. */
 static bool
 hello_send(int shared, int theirs)
 {
 	struct sop__wire_hello h = {SOP_WIRE_MAGIC, SOP_WIRE_VERSION, SOP_WIRE_HELLO, 0};
-	char cbuf[CMSG_SPACE(sizeof(int))] = {0};
-	struct iovec iov = {&h, sizeof h};
-	struct msghdr m = {0};
-	struct cmsghdr *c = (struct cmsghdr *)cbuf;
 
-	m.msg_iov = &iov;
-	m.msg_iovlen = 1;
-	m.msg_control = cbuf;
-	m.msg_controllen = sizeof cbuf;
-	c->cmsg_level = SOL_SOCKET;
-	c->cmsg_type = SCM_RIGHTS;
-	c->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(c), &theirs, sizeof theirs);
-	/* Not waiting: a descriptor of something else, or an exporter gone, fails here. */
-	return sendmsg(shared, &m, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof h;
+	return sop__wire_send(shared, &h, sizeof h, &theirs, 1, MSG_DONTWAIT);
 }
 
 /* The welcome, and the exporter's board mapped read-only if it came with one (NULL if not). */
 static bool
 welcome_recv(int conn, struct sop__wire_welcome *w, struct sop__board_slot **board)
 {
-	char cbuf[CMSG_SPACE(4 * sizeof(int))];
-	struct iovec iov = {w, sizeof *w};
-	struct msghdr m = {0};
-	struct cmsghdr *c;
 	struct stat st;
-	ssize_t got;
+	size_t n_fd;
+	void *p;
+	int fd;
 
 	*board = NULL;
-	m.msg_iov = &iov;
-	m.msg_iovlen = 1;
-	m.msg_control = cbuf;
-	m.msg_controllen = sizeof cbuf;
-	got = recvmsg(conn, &m, MSG_CMSG_CLOEXEC);
-	for (c = got > 0 ? CMSG_FIRSTHDR(&m) : NULL; c; c = CMSG_NXTHDR(&m, c)) {
-		size_t k, n;
-		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-			continue;
-		n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-		for (k = 0; k < n; k++) {
-			int fd;
-			void *p;
-			memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
-			/* Of the board's size, or it is not mapped: a shorter file would fault
-			 * where the board is read. */
-			if (!*board && got == (ssize_t)sizeof *w && !fstat(fd, &st) &&
-			    st.st_size >= (off_t)SOP_BOARD_BYTES &&
-			    (p = mmap(NULL, SOP_BOARD_BYTES, PROT_READ, MAP_SHARED, fd, 0)) !=
-				    MAP_FAILED)
-				*board = p;
-			close(fd);
-		}
-	}
-	return got == (ssize_t)sizeof *w;
+	if (sop__wire_recv(conn, w, sizeof *w, &fd, 1, &n_fd, 0) != (ssize_t)sizeof *w)
+		return false;
+	if (!n_fd)
+		return true;
+	/* Of the board's size, or it is not mapped: a shorter file would fault where the board is
+	 * read. */
+	if (!fstat(fd, &st) && st.st_size >= (off_t)SOP_BOARD_BYTES &&
+	    (p = mmap(NULL, SOP_BOARD_BYTES, PROT_READ, MAP_SHARED, fd, 0)) != MAP_FAILED)
+		*board = p;
+	close(fd);
+	return true;
 }
 
 /* The device whose UUID this is, or -1. */
@@ -286,12 +258,6 @@ ptr_index(const struct sop__import *im, CUdeviceptr ptr)
 	return lo;
 }
 
-static void
-held_update(struct sop_pool *pool)
-{
-	pool->imports_held = pool->import->n_pieces + pool->import->n_ptrs;
-}
-
 /* Unmap and release a piece no pointer uses. Context current. */
 static void
 piece_drop(struct sop_pool *pool, size_t i)
@@ -389,7 +355,6 @@ reap(struct sop_pool *pool, bool wait)
 		sop__capture_restore(mode);
 		sop__pool_ctx_pop(pool);
 	}
-	held_update(pool);
 	if (atomic_load(&pool->destroyed)) {
 		import_close(pool);
 		return sop__pool_reap(pool);
@@ -425,36 +390,22 @@ ask(struct sop__import *im, const struct sop__wire_request *q, struct sop__wire_
 	if (send(im->fd, q, sizeof *q, MSG_NOSIGNAL) != (ssize_t)sizeof *q)
 		return CUDA_ERROR_INVALID_VALUE;
 	do {
-		char cbuf[CMSG_SPACE(SOP_WIRE_PIECES_MAX * sizeof(int))];
-		struct iovec iov = {&a, sizeof a};
-		struct msghdr m = {0};
-		struct cmsghdr *c;
-		size_t n_fd = 0, k;
 		int got_fds[SOP_WIRE_PIECES_MAX];
+		size_t n_fd, k;
 
-		m.msg_iov = &iov;
-		m.msg_iovlen = 1;
-		m.msg_control = cbuf;
-		m.msg_controllen = sizeof cbuf;
-		if (recvmsg(im->fd, &m, MSG_CMSG_CLOEXEC) != (ssize_t)sizeof a) {
+		if (sop__wire_recv(im->fd, &a, sizeof a, got_fds, SOP_WIRE_PIECES_MAX, &n_fd, 0) !=
+		    (ssize_t)sizeof a) {
 			r = CUDA_ERROR_INVALID_VALUE;
 			/* The connection is out of step, or gone: no later call may use it. */
 			conn_close(im);
 			break;
 		}
-		for (c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
-			if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-				for (k = 0; k < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); k++)
-					if (n_fd < SOP_WIRE_PIECES_MAX)
-						memcpy(&got_fds[n_fd++], CMSG_DATA(c) + k * sizeof(int),
-						       sizeof(int));
 		if (a.magic != SOP_WIRE_MAGIC || a.op != SOP_WIRE_ANSWER || a.status ||
 		    a.n_here > SOP_WIRE_PIECES_MAX || (total && a.n_total != total) ||
-		    n + a.n_here > a.n_total || (m.msg_flags & MSG_CTRUNC)) {
+		    n + a.n_here > a.n_total) {
 			r = a.magic == SOP_WIRE_MAGIC && a.status ? (CUresult)a.status
 								 : CUDA_ERROR_INVALID_VALUE;
-			for (k = 0; k < n_fd; k++)
-				close(got_fds[k]);
+			sop__wire_fds_close(got_fds, n_fd);
 			break;
 		}
 		total = a.n_total;
@@ -462,8 +413,7 @@ ask(struct sop__import *im, const struct sop__wire_request *q, struct sop__wire_
 			v = calloc(total ? total : 1, sizeof *v);
 			fds = calloc(total ? total : 1, sizeof *fds);
 			if (!v || !fds) {
-				for (k = 0; k < n_fd; k++)
-					close(got_fds[k]);
+				sop__wire_fds_close(got_fds, n_fd);
 				r = CUDA_ERROR_OUT_OF_MEMORY;
 				break;
 			}
@@ -472,14 +422,12 @@ ask(struct sop__import *im, const struct sop__wire_request *q, struct sop__wire_
 			v[n + k] = a.pieces[k];
 			fds[n + k] = a.pieces[k].fd && i < n_fd ? got_fds[i++] : -1;
 		}
-		for (; i < n_fd; i++)
-			close(got_fds[i]);
+		sop__wire_fds_close(got_fds + i, n_fd - i);
 		n += a.n_here;
 	} while (n < total);
 	if (r != CUDA_SUCCESS) {
-		for (i = 0; i < n; i++)
-			if (fds[i] >= 0)
-				close(fds[i]);
+		if (fds)
+			sop__wire_fds_close(fds, n);
 		free(v);
 		free(fds);
 		return r;
@@ -589,7 +537,6 @@ ptr_add(struct sop_pool *pool, CUdeviceptr ptr, size_t size)
 	im->used += size;
 	if (im->used > im->used_high)
 		im->used_high = im->used;
-	held_update(pool);
 }
 
 /* An import served here, without the broker: the exporter's board has the allocation, live, and
@@ -688,13 +635,10 @@ import_once(struct sop_pool *pool, const struct sop__export_data *d, bool with_h
 		}
 		sop__pool_ctx_pop(pool);
 	}
-	held_update(pool);
 	/* A piece still in the way may be one whose pointers' frees are pending: worth a wait. */
 	*retry_wait = r == CUDA_ERROR_ALREADY_MAPPED && im->n_pending;
 	pthread_mutex_unlock(&pool->lock);
-	for (i = 0; i < n; i++)
-		if (fds[i] >= 0)
-			close(fds[i]);
+	sop__wire_fds_close(fds, n);
 	free(v);
 	free(fds);
 	return r;

@@ -634,6 +634,15 @@ CUresult sop__pool_trim(struct sop_pool *pool, size_t keep);
 
 /* ---- share.c ----------------------------------------------------------------------------- */
 
+/* The wire between importers and brokers (SOCK_SEQPACKET): one message of n bytes with n_fd
+ * descriptors (at most SOP_WIRE_PIECES_MAX) as SCM_RIGHTS, sent whole (MSG_NOSIGNAL added to
+ * flags) or not at all; received with up to max_fd descriptors (close-on-exec) into fds, the
+ * rest, and all of a message not n bytes long, closed; -1, none kept, for a message cut short.
+ * Close the descriptors of a list that are open (>= 0). */
+bool sop__wire_send(int sock, const void *buf, size_t n, const int *fds, size_t n_fd, int flags);
+ssize_t sop__wire_recv(int sock, void *buf, size_t n, int *fds, size_t max_fd, size_t *n_fd,
+		       int flags);
+void sop__wire_fds_close(const int *fds, size_t n);
 /* A function of export data's fields and token, which data must carry to be taken. */
 uint64_t sop__share_check(const struct sop__export_data *d);
 /* Export data of the live allocation at addr (its start) of an exportable pool;

@@ -189,7 +189,9 @@ pool_empty(struct sop_pool *pool)
 {
 	struct sop__sstream *ss;
 
-	if (sop__pool_used(pool, false) || pool->imports_held)
+	/* An imported pool: what it maps and the pointers it has imported (import.c). */
+	if (sop__pool_used(pool, false) ||
+	    (pool->import && (pool->import->n_pieces || pool->import->n_ptrs)))
 		return false;
 	for (ss = pool->streams; ss; ss = ss->next)
 		if (sop__sstream_cached(ss))

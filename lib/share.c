@@ -151,6 +151,83 @@ sop__share_pointer(struct sop_pool *pool, CUdeviceptr addr, CUmemPoolPtrExportDa
 	return CUDA_SUCCESS;
 }
 
+/* ---- The wire ------------------------------------------------------------------------------ */
+
+bool
+sop__wire_send(int sock, const void *buf, size_t n, const int *fds, size_t n_fd, int flags)
+{
+	char cbuf[CMSG_SPACE(SOP_WIRE_PIECES_MAX * sizeof(int))];
+	struct iovec iov = {(void *)buf, n};
+	struct msghdr m = {0};
+
+	if (n_fd > SOP_WIRE_PIECES_MAX)
+		return false;
+	memset(cbuf, 0, sizeof cbuf);
+	m.msg_iov = &iov;
+	m.msg_iovlen = 1;
+	if (n_fd) {
+		struct cmsghdr *c = (struct cmsghdr *)cbuf;
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(n_fd * sizeof(int));
+		memcpy(CMSG_DATA(c), fds, n_fd * sizeof(int));
+		m.msg_control = cbuf;
+		m.msg_controllen = CMSG_SPACE(n_fd * sizeof(int));
+	}
+	return sendmsg(sock, &m, MSG_NOSIGNAL | flags) == (ssize_t)n;
+}
+
+ssize_t
+sop__wire_recv(int sock, void *buf, size_t n, int *fds, size_t max_fd, size_t *n_fd, int flags)
+{
+	char cbuf[CMSG_SPACE(SOP_WIRE_PIECES_MAX * sizeof(int))];
+	struct iovec iov = {buf, n};
+	struct msghdr m = {0};
+	struct cmsghdr *c;
+	ssize_t got;
+
+	*n_fd = 0;
+	m.msg_iov = &iov;
+	m.msg_iovlen = 1;
+	m.msg_control = cbuf;
+	m.msg_controllen = sizeof cbuf;
+	got = recvmsg(sock, &m, MSG_CMSG_CLOEXEC | flags);
+	if (got < 0)
+		return got;
+	/* Every descriptor that came is kept or closed, whatever the message was. */
+	for (c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+		size_t k, k_n;
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		k_n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (k = 0; k < k_n; k++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
+			if (*n_fd < max_fd && got == (ssize_t)n)
+				fds[(*n_fd)++] = fd;
+			else
+				close(fd);
+		}
+	}
+	/* Descriptors the kernel dropped: the message cannot be read as it was sent. */
+	if (m.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) {
+		sop__wire_fds_close(fds, *n_fd);
+		*n_fd = 0;
+		return -1;
+	}
+	return got;
+}
+
+void
+sop__wire_fds_close(const int *fds, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+}
+
 /* ---- The broker ------------------------------------------------------------------------------ */
 
 /* Every running broker, so that a forked child can let go of its copies of their sockets. */
@@ -357,9 +434,7 @@ out:
 	pthread_mutex_unlock(&pool->lock);
 	sop__capture_restore(mode);
 	if (r != CUDA_SUCCESS) {
-		for (i = 0; i < n; i++)
-			if (fds[i] >= 0)
-				close(fds[i]);
+		sop__wire_fds_close(fds, n);
 		free(v);
 		free(fds);
 		return r;
@@ -376,9 +451,7 @@ answer_send(int conn, CUresult status, const struct sop__wire_piece *v, const in
 	    size_t n, size_t at, size_t k)
 {
 	struct sop__wire_answer a = {0};
-	char cbuf[CMSG_SPACE(SOP_WIRE_PIECES_MAX * sizeof(int))] = {0};
-	struct iovec iov = {&a, sizeof a};
-	struct msghdr m = {0};
+	int sent[SOP_WIRE_PIECES_MAX];
 	size_t i, n_fd = 0;
 
 	a.magic = SOP_WIRE_MAGIC;
@@ -387,23 +460,12 @@ answer_send(int conn, CUresult status, const struct sop__wire_piece *v, const in
 	a.status = (int32_t)status;
 	a.n_total = (uint32_t)n;
 	a.n_here = (uint32_t)k;
-	m.msg_iov = &iov;
-	m.msg_iovlen = 1;
 	for (i = 0; i < k; i++) {
 		a.pieces[i] = v[at + i];
 		if (fds[at + i] >= 0)
-			memcpy(CMSG_DATA((struct cmsghdr *)cbuf) + n_fd++ * sizeof(int), &fds[at + i],
-			       sizeof(int));
+			sent[n_fd++] = fds[at + i];
 	}
-	if (n_fd) {
-		struct cmsghdr *c = (struct cmsghdr *)cbuf;
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(n_fd * sizeof(int));
-		m.msg_control = cbuf;
-		m.msg_controllen = CMSG_SPACE(n_fd * sizeof(int));
-	}
-	return sendmsg(conn, &m, MSG_NOSIGNAL) == (ssize_t)sizeof a;
+	return sop__wire_send(conn, &a, sizeof a, sent, n_fd, 0);
 }
 
 /* Serve one request on a private connection; false when the connection is done with (closed by
@@ -414,7 +476,7 @@ serve(struct sop__broker *bk, int conn)
 	struct sop__wire_request q;
 	struct sop__wire_piece *v = NULL;
 	int *fds = NULL;
-	size_t n = 0, at = 0, i;
+	size_t n = 0, at = 0;
 	ssize_t got = recv(conn, &q, sizeof q, MSG_DONTWAIT);
 	CUresult r;
 	bool ok = true;
@@ -432,9 +494,7 @@ serve(struct sop__broker *bk, int conn)
 		ok = answer_send(conn, CUDA_SUCCESS, v, fds, n, at, k);
 		at += k;
 	} while (ok && at < n);
-	for (i = 0; i < n; i++)
-		if (fds[i] >= 0)
-			close(fds[i]);
+	sop__wire_fds_close(fds, n);
 	free(v);
 	free(fds);
 	return ok;
@@ -442,70 +502,27 @@ serve(struct sop__broker *bk, int conn)
 
 static const struct timeval send_wait = {5, 0};
 
-/* The welcome, with the board's descriptor if there is one (read-only use: the importer maps it
- * so). */
-static bool
-welcome_send(int conn, const struct sop__wire_welcome *w, int board_fd)
-{
-	char cbuf[CMSG_SPACE(sizeof(int))];
-	struct iovec iov = {(void *)w, sizeof *w};
-	struct msghdr m = {0};
-
-	memset(cbuf, 0, sizeof cbuf);
-	m.msg_iov = &iov;
-	m.msg_iovlen = 1;
-	if (board_fd >= 0) {
-		struct cmsghdr *c = (struct cmsghdr *)cbuf;
-		m.msg_control = cbuf;
-		m.msg_controllen = sizeof cbuf;
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(c), &board_fd, sizeof board_fd);
-	}
-	return sendmsg(conn, &m, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof *w;
-}
-
-/* A message on the shared end: an importer's connection, welcomed; or -1. */
+/* A message on the shared end: an importer's connection, welcomed (with the board's descriptor,
+ * which the importer maps read-only); or -1. */
 static int
 hello(struct sop__broker *bk, const struct sop__wire_welcome *w, int board_fd)
 {
 	struct sop__wire_hello h;
-	char cbuf[CMSG_SPACE(4 * sizeof(int))];
-	struct iovec iov = {&h, sizeof h};
-	struct msghdr m = {0};
-	struct cmsghdr *c;
-	int conn = -1, extra;
-	ssize_t got;
+	size_t n_fd;
+	int conn;
 
-	m.msg_iov = &iov;
-	m.msg_iovlen = 1;
-	m.msg_control = cbuf;
-	m.msg_controllen = sizeof cbuf;
-	got = recvmsg(bk->b, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-	if (got < 0)
+	if (sop__wire_recv(bk->b, &h, sizeof h, &conn, 1, &n_fd, MSG_DONTWAIT) !=
+		    (ssize_t)sizeof h ||
+	    !n_fd)
 		return -1;
-	/* Whatever came, every descriptor it carried is closed but the one kept. */
-	for (c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
-		size_t k, nfd;
-		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-			continue;
-		nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-		for (k = 0; k < nfd; k++) {
-			memcpy(&extra, CMSG_DATA(c) + k * sizeof(int), sizeof extra);
-			if (conn < 0 && got == (ssize_t)sizeof h && h.magic == SOP_WIRE_MAGIC &&
-			    h.version == SOP_WIRE_VERSION && h.op == SOP_WIRE_HELLO)
-				conn = extra;
-			else
-				close(extra);
-		}
+	if (h.magic != SOP_WIRE_MAGIC || h.version != SOP_WIRE_VERSION || h.op != SOP_WIRE_HELLO) {
+		close(conn);
+		return -1;
 	}
-	if (conn < 0)
-		return -1;
 	/* An importer that stops reading cannot hold the broker (and the pool's destruction,
 	 * which waits for it) for more than this: its connection is dropped. */
 	setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &send_wait, sizeof send_wait);
-	if (!welcome_send(conn, w, board_fd)) {
+	if (!sop__wire_send(conn, w, sizeof *w, &board_fd, board_fd >= 0, MSG_DONTWAIT)) {
 		close(conn);
 		return -1;
 	}

@@ -706,14 +706,13 @@ struct sop_pool {
 	int64_t retired_hw; /* the highs of states retired since the last fold (sop__pool_used) */
 
 	/* Sharing: the token that export data carries, counts that name pieces and exports, the
-	 * broker of an exported pool, the state of an imported one (and what it still maps or has
-	 * imported, which keeps the pool from being torn down). */
+	 * broker of an exported pool, the state of an imported one (what it maps and has imported
+	 * keeps the pool from being torn down: pool.c reads its counts). */
 	uint64_t token, piece_serial, export_serial;
 	struct sop__broker *broker;
 	struct sop__import *import;
 	struct sop__board_slot *board; /* exporter: read-write; importer: the exporter's, read-only */
 	int board_fd_plus1;            /* exporter: its memfd plus one, else 0 */
-	size_t imports_held;
 	CUmemAccessDesc *access; /* peers granted access, besides the owner */
 	size_t n_access;
 	uint64_t used_high; /* pool lock; see sop__pool_used */
