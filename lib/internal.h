@@ -566,6 +566,17 @@ CUresult sop__alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_
  * ones carve without asking, unless nothing fits at all. Frees of at least this size may be
  * covered by a probe at once (stream.c). */
 #define SOP_POLL_MIN ((size_t)2 << 20)
+/* The same for a host pool, whose memory the CPU fills and reads: reusing the block whose free
+ * completed last, still in the CPU's caches, beats carving one that went cold (a 1 MiB staging
+ * buffer filled and copied took twice as long cycling through a growth step of them), and a
+ * probe's microsecond is nothing beside pinning more. */
+#define SOP_HOST_POLL_MIN ((size_t)64 << 10)
+
+static inline size_t
+sop__poll_min(const struct sop_pool *pool)
+{
+	return pool->host ? SOP_HOST_POLL_MIN : SOP_POLL_MIN;
+}
 
 /* Hand b out to the application: ALLOC, counted in ss's used memory. Stream lock held. */
 static inline void

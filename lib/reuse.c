@@ -71,8 +71,9 @@ cache_coalesce(struct sop_pool *pool, struct sop__sstream *ss)
  * A small free waits for the next probe, which costs about as much as it does. */
 #define STARVED_COVER 256
 
-/* Before growing for size bytes: if another stream holds that much memory not known complete,
- * cover the next frees of large blocks. Pool lock held. */
+/* Before growing for size bytes (or, in a host pool, taking a loose fit for them): if another
+ * stream holds that much memory not known complete, cover the next frees of large blocks (in a
+ * host pool, of SOP_HOST_POLL_MIN and up). Pool lock held. */
 static void
 note_starved(struct sop_pool *pool, struct sop__sstream *ss, size_t size)
 {
@@ -468,7 +469,7 @@ alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, 
 	 * neighbours and whole segments become free to reshape; this stream's own, and, with the
 	 * opportunistic policy, other streams'. */
 	if (!b ||
-	    (b->size > sop__close_limit(size) && size >= SOP_POLL_MIN &&
+	    (b->size > sop__close_limit(size) && size >= sop__poll_min(pool) &&
 	     worth_asking(pool, ss, size))) {
 		size_t close = b ? size : 0;
 
@@ -478,6 +479,11 @@ alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, 
 		if (atomic_load(&pool->reuse_opportunistic))
 			flush_observed(pool, ss, close);
 		b = best_take(pool, ss, size, &from, &crowded);
+		/* A host pool's CPU fills what it allocates: a loose fit from memory that went
+		 * cold, while other streams hold close fits not known complete, makes their next
+		 * frees get a probe each, so that the next request finds the one freed last. */
+		if (pool->host && b && b->size > sop__close_limit(size))
+			note_starved(pool, ss, size);
 	}
 	/* Free memory in another stream's segment, once threads meet in the pool: a segment of
 	 * this stream's own, if the pool can grow, costs a step of memory once and keeps this

@@ -256,7 +256,7 @@ cover_at_once(struct sop_pool *pool, size_t freed)
 {
 	unsigned left;
 
-	if (freed < SOP_POLL_MIN)
+	if (freed < sop__poll_min(pool))
 		return false;
 	left = atomic_load_explicit(&pool->starved, memory_order_relaxed);
 	if (!left)

@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #endif
 #include <string.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -232,6 +233,54 @@ stream_order(CUmemLocationType type, int id, CUstream s1, CUstream s2)
 	TH_CHECK(pool);
 	TH_OK(sop_pool_destroy(pool));
 	printf("stream order, statistics, threshold, trim (location %d): ok\n", (int)type);
+}
+
+/* A staging pipeline: per batch the CPU fills a buffer allocated on a stream of its own, which
+ * runs no work, and a copy on s1 reads it before it is freed there. With internal dependencies
+ * off, a block comes back to the CPU's stream only once sop knows its copy complete, and the CPU
+ * finds it in its caches only if that is the block freed last: the pool must hand out that one,
+ * not cycle through the free memory of its growth step (it did, 32 blocks of 1 MiB in turn).
+ * sop learns of the copies from its own probes alone: the test waits for them through the
+ * driver, behind sop's back. */
+static void
+staging(CUstream s1, CUstream hs)
+{
+	enum { BATCHES = 256, WARM = 16, KEEP = 4 };
+	sop_pool_t pool = host_pool(CU_MEM_LOCATION_TYPE_HOST, 0);
+	cuuint64_t keep = UINT64_MAX;
+	void *seen[KEEP], *dev, *p;
+	int off = 0, n_seen = 0, b, k;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off));
+	grant(pool, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	TH_OK(sop_malloc_async(&dev, MiB, s1));
+	TH_OK(sop_stream_synchronize(s1));
+	for (b = 0; b < BATCHES; b++) {
+		TH_OK(sop_malloc_from_pool_async(&p, MiB, pool, hs));
+		TH_OK(sop_stream_synchronize(hs));
+		memset(p, b & 0xff, MiB);
+		TH_OK(th.cuMemcpyAsync((CUdeviceptr)(uintptr_t)dev, (CUdeviceptr)(uintptr_t)p, MiB,
+				       s1));
+		TH_OK(sop_free_async(p, s1));
+		while (th.cuStreamQuery(s1) == CUDA_ERROR_NOT_READY)
+			sched_yield();
+		if (b < WARM)
+			continue;
+		for (k = 0; k < n_seen && seen[k] != p; k++)
+			;
+		if (k == n_seen) {
+			TH_ASSERT(n_seen < KEEP);
+			seen[n_seen++] = p;
+		}
+	}
+	TH_ASSERT(th_verify(dev, MiB, (uint32_t)((BATCHES - 1) & 0xff) * 0x01010101u, s1));
+	TH_ASSERT(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) <= SOP_SEGMENT_MIN);
+	TH_OK(sop_free_async(dev, s1));
+	TH_OK(sop_stream_synchronize(s1));
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+	printf("staging: %d buffers in turn after %d batches: ok\n", n_seen, WARM);
 }
 
 /* The CPU's loads and stores, ordered with stream work by synchronization; device access. */
@@ -522,6 +571,7 @@ main(void)
 	node = near.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ? near.id : 0;
 	stream_order(CU_MEM_LOCATION_TYPE_HOST_NUMA, node, s1, s2);
 	cpu_access(CU_MEM_LOCATION_TYPE_HOST, 0, s1, s2);
+	staging(s1, s2);
 	cpu_access(CU_MEM_LOCATION_TYPE_HOST_NUMA, node, s1, s2);
 	locations(s1);
 	numa_placement(s1);
