@@ -120,6 +120,34 @@ sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size,
 	}
 }
 
+void
+sop__block_carve_refill(struct sop_pool *pool, struct sop__block *b, size_t size, size_t keep,
+			struct sop__sstream *ss)
+{
+	struct sop__block *rest;
+
+	sop__block_carve(pool, b, size + keep, NULL, true);
+	if (b->size - size > keep) {
+		/* No descriptor for the split above: the plain carve, all of the rest to the heap. */
+		sop__block_carve(pool, b, size, NULL, true);
+		return;
+	}
+	if (b->size - size < SOP_ALIGN)
+		return;
+	rest = sop__block_new(pool);
+	if (!rest)
+		return;
+	if (!sop__segment_lock_leaves(pool, b->seg, 1)) {
+		sop__block_delete(pool, rest);
+		return;
+	}
+	sop__block_split(pool, b, rest, size, SOP_BLOCK_CACHED, &b->seg->leaves);
+	sop__lock_drop(&b->seg->lock);
+	rest->seq = 0; /* nothing pending on it: safe for any stream */
+	sop__block_set_owner(rest, ss);
+	sop__bins_insert(&ss->cache, rest);
+}
+
 bool
 sop__block_carve_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b,
 		     size_t size)

@@ -343,6 +343,11 @@ void sop__block_delete(struct sop_pool *pool, struct sop__block *b);
  * else the cache of from, whose lock the caller holds if from_held. Pool lock held. */
 void sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size,
 		      struct sop__sstream *from, bool from_held);
+/* The same on a FREE block b, for a stream ss that takes more than it asked for: up to keep bytes
+ * past the request go to ss's cache as memory with nothing pending (seq 0), what lies beyond back
+ * to the heap. Pool lock and ss's lock held. */
+void sop__block_carve_refill(struct sop_pool *pool, struct sop__block *b, size_t size, size_t keep,
+			     struct sop__sstream *ss);
 /* The same on a block in ss's cache, with the stream's lock held instead of the pool's: takes
  * b out of the cache and splits it, with a descriptor from the stream's spares. False, and b
  * left in the cache, if there is no spare descriptor or no host memory for the map. */

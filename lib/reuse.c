@@ -418,6 +418,35 @@ affinity_affordable(struct sop_pool *pool)
 	       2 * sop__pool_used(pool, false);
 }
 
+/* Once threads meet in a pool, every request a stream's cache cannot serve takes the pool lock,
+ * and a stream that starts empty (a new one, or one whose frees a synchronization gave back)
+ * takes it for each of its first requests: sixteen threads whose tasks each make a stream spent
+ * half their time waiting for it on the H100, and ran slower together than one thread alone.
+ * So a small request served from the heap there takes up to SOP_REFILL bytes in all, the rest
+ * going to the stream's cache, where its next requests split it without the pool lock. The rest
+ * has nothing pending: a synchronization or an idle pass gives it back to the heap like any
+ * completed free. Never in a pool with a maxSize or under pressure, where memory some stream
+ * holds could decide whether another's request fails, nor in a compacting one, which places
+ * small requests low on purpose. Pool lock and ss's lock held. */
+#define SOP_REFILL ((size_t)2 << 20)
+
+static size_t
+refill_keep(struct sop_pool *pool, const struct sop__sstream *ss, const struct sop__block *b,
+	    size_t size)
+{
+	size_t keep;
+
+	if (size >= SOP_REFILL || ss->cache.n_bytes >= SOP_REFILL || pool->max_size ||
+	    !atomic_load_explicit(&pool->threads_met, memory_order_relaxed) ||
+	    atomic_load_explicit(&pool->pressure, memory_order_relaxed) ||
+	    atomic_load_explicit(&pool->compact, memory_order_relaxed))
+		return 0;
+	keep = SOP_REFILL - size;
+	if (keep > b->size - size)
+		keep = b->size - size;
+	return keep / SOP_ALIGN * SOP_ALIGN;
+}
+
 static CUresult alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id,
 				   CUstream stream, size_t size, size_t req, void **ptr);
 
@@ -572,8 +601,12 @@ alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, 
 			sop__block_carve(pool, b, size, from, false);
 			sop__lock_take(&ss->lock);
 		} else {
+			size_t keep;
 			sop__lock_take(&ss->lock);
-			sop__block_carve(pool, b, size, from, true);
+			if (!from && (keep = refill_keep(pool, ss, b, size)) != 0)
+				sop__block_carve_refill(pool, b, size, keep, ss);
+			else
+				sop__block_carve(pool, b, size, from, true);
 		}
 		sop__block_hand_out(ss, b, req, ptr);
 		sop__lock_drop(&ss->lock);

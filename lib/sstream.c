@@ -153,12 +153,13 @@ sop__sstream_retire_idle(struct sop_pool *pool)
 		/* A gone stream's segments are nobody's: others may take their free memory. */
 		if (gone)
 			sop__segments_disown(pool, ss, 0);
+		/* Memory a refill gave the stream has nothing pending (seq 0): it goes whatever
+		 * the probes say. */
 		if (cached && (gone || (idle && atomic_load(&pool->reuse_opportunistic)))) {
 			uint64_t done = sop__stream_poll(ss->st);
-			if (done > ss->flushed) {
-				sop__sstream_flush(ss, done);
+			sop__sstream_flush(ss, done);
+			if (done > ss->flushed)
 				ss->flushed = done;
-			}
 		}
 		sop__lock_take(&ss->lock);
 		/* Only a state with nothing cached, nothing allocated on it (a live block names it

@@ -8,7 +8,8 @@
  * stream's context and the context's id, for its record: no probe events made or destroyed
  * (spares of earlier records serve), no context pushed to ask its device (cached by context id).
  * And a task's synchronization and destruction take no lock of a pool it did not use: another
- * pool's lock, held by this thread meanwhile, does not stop a thread running tasks.
+ * pool's lock, held by this thread meanwhile, does not stop a thread running tasks. Once
+ * threads have met in the pool, a task's stream takes memory from the heap a refill at a time.
  *
  *   test-tasks [--report] [--tasks N]   (--report: driver calls per task, by entry point)
  */
@@ -85,6 +86,71 @@ per(const struct counts *a, const struct counts *b, const char *name)
 			return b->n[i] - a->n[i];
 	TH_ASSERT(!"no such entry point");
 	return 0;
+}
+
+/* Cache bytes of every stream state of the pool. */
+static size_t
+cached_bytes(sop_pool_t pool)
+{
+	struct sop_pool *p = TH_POOL(pool);
+	struct sop__sstream *ss;
+	size_t n = 0;
+
+	pthread_mutex_lock(&p->lock);
+	for (ss = p->streams; ss; ss = ss->next)
+		n += sop__sstream_cached(ss);
+	pthread_mutex_unlock(&p->lock);
+	return n;
+}
+
+/* Once threads have met in a pool, a stream that takes heap memory for a small request takes a
+ * little more into its cache, so that its next requests leave the pool lock alone: a task then
+ * takes the pool lock (each time twice exchanging its thread's capture mode) for fewer than half
+ * of the 40 requests that found its cache short before. What it took has nothing pending: its
+ * synchronization gives it back, and so does an idle pass once its stream is gone unsynchronized,
+ * however little the probes know. */
+static void
+refills(void)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	uint64_t max = UINT64_MAX;
+	struct counts a, b;
+	CUstream s;
+	void *p;
+	int t, pass;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &max));
+	atomic_store(&TH_POOL(pool)->threads_met, true);
+	for (t = 0; t < 20; t++)
+		task_run(pool, 5000 + t);
+	counts_get(&a);
+	for (t = 0; t < 200; t++)
+		task_run(pool, 6000 + t);
+	counts_get(&b);
+	TH_ASSERT(per(&a, &b, "cuThreadExchangeStreamCaptureMode") <= 200 * 2 * 20);
+	TH_EQ(cached_bytes(pool), 0);
+	TH_CHECK(pool);
+
+	/* A stream destroyed without a synchronization, its block still live: the rest of its
+	 * refill goes at the second idle pass. (A block freed there would join the rest and make
+	 * it wait for the probe that covers the free.) */
+	s = th_stream();
+	TH_OK(sop_malloc_from_pool_async(&p, 4096, pool, s));
+	TH_ASSERT(cached_bytes(pool) > 0);
+	th_stream_destroy(s);
+	for (pass = 0; pass < 2; pass++) {
+		pthread_mutex_lock(&TH_POOL(pool)->lock);
+		sop__sstream_retire_idle(TH_POOL(pool));
+		pthread_mutex_unlock(&TH_POOL(pool)->lock);
+	}
+	TH_EQ(cached_bytes(pool), 0);
+	TH_CHECK(pool);
+	s = th_stream();
+	TH_OK(sop_free_async(p, s));
+	TH_OK(sop_stream_synchronize(s));
+	th_stream_destroy(s);
+	TH_OK(sop_pool_destroy(pool));
+	printf("refills: ok\n");
 }
 
 /* Tasks run by a thread of their own while the main thread holds another pool's lock. */
@@ -194,5 +260,6 @@ main(int argc, char **argv)
 	other_pool_untouched(pool);
 	TH_CHECK(pool);
 	TH_OK(sop_pool_destroy(pool));
+	refills();
 	return 0;
 }
