@@ -488,6 +488,7 @@ struct crowd {
 	 * apart from the fields above, which every operation reads. */
 	_Alignas(64) atomic_long next_task;
 	atomic_int running;
+	long max_tasks; /* tasks: stop once this many were taken (0: the box alone) */
 };
 
 /* One thread of a run. live sits on a cache line of its own: the thread writes it at every
@@ -499,6 +500,7 @@ struct worker {
 	uint64_t seed;
 	double delay_ns; /* from the start of the run to this thread's start */
 	long ops;        /* allocations and frees in the timed region */
+	long max_ops;    /* stop once this many were made (0: the box alone) */
 	double t0, t1;   /* the timed region */
 	bool short_fill; /* the time box ended before THREAD_LIVE blocks were live */
 };
@@ -554,9 +556,11 @@ worker_replace(void *arg)
 			bytes += size[k];
 			ops++;
 			atomic_store_explicit(&w->live, bytes, memory_order_relaxed);
+			if (ops == w->max_ops)
+				break;
 		}
 		w->t1 = now_ns();
-	} while (w->t1 - w->t0 < cr->box_ns);
+	} while (w->t1 - w->t0 < cr->box_ns && ops != w->max_ops);
 	w->ops = ops;
 	w->short_fill = n < THREAD_LIVE;
 	for (i = 0; i < n; i++)
@@ -620,8 +624,13 @@ worker_tasks(void *arg)
 	CHECK(drv.cuCtxSetCurrent(env.ctx));
 	pthread_barrier_wait(&w->cr->bar);
 	w->t0 = now_ns();
+	w->t1 = w->t0;
 	do {
-		task_run(w, atomic_fetch_add(&w->cr->next_task, 1));
+		long t = atomic_fetch_add(&w->cr->next_task, 1);
+
+		if (w->cr->max_tasks && t >= w->cr->max_tasks)
+			break;
+		task_run(w, t);
 		tasks++;
 		w->t1 = now_ns();
 	} while (w->t1 - w->t0 < w->cr->box_ns);
@@ -632,12 +641,14 @@ worker_tasks(void *arg)
 
 /* Start n threads of fn on cr, all at once (thread i stagger_ns * i after the others when
  * stagger_ns > 0), sample the requested bytes live across them until they are done, and join
- * them. Returns the span from the first thread's start to the last one's end; *pairs gets the
- * pairs made in it, *peak the most bytes seen live at once (if more), *short_fill the threads
- * whose box ended before their blocks were all live. */
+ * them. Thread i stops after max_ops[i] operations if max_ops is given, and ops[i] gets the
+ * operations it made if ops is. Returns the span from the first thread's start to the last
+ * one's end; *pairs gets the pairs made in it, *peak the most bytes seen live at once (if
+ * more), *short_fill the threads whose box ended before their blocks were all live. */
 static double
 crowd_run(struct crowd *cr, struct worker *w, int n, void *(*fn)(void *), uint64_t seed,
-	  double stagger_ns, double *pairs, uint64_t *peak, long *short_fill)
+	  double stagger_ns, const long *max_ops, long *ops_out, double *pairs, uint64_t *peak,
+	  long *short_fill)
 {
 	double first = 0, last = 0;
 	long ops = 0;
@@ -651,6 +662,7 @@ crowd_run(struct crowd *cr, struct worker *w, int n, void *(*fn)(void *), uint64
 		w[i].cr = cr;
 		w[i].seed = seed + (uint64_t)i;
 		w[i].delay_ns = stagger_ns * i;
+		w[i].max_ops = max_ops ? max_ops[i] : 0;
 		if (pthread_create(&w[i].th, NULL, fn, &w[i])) {
 			fprintf(stderr, "sop-bench: cannot start thread %d\n", i);
 			exit(1);
@@ -669,6 +681,8 @@ crowd_run(struct crowd *cr, struct worker *w, int n, void *(*fn)(void *), uint64
 	for (i = 0; i < n; i++) {
 		pthread_join(w[i].th, NULL);
 		ops += w[i].ops;
+		if (ops_out)
+			ops_out[i] = w[i].ops;
 		*short_fill += w[i].short_fill;
 		if (!i || w[i].t0 < first)
 			first = w[i].t0;
@@ -680,7 +694,49 @@ crowd_run(struct crowd *cr, struct worker *w, int n, void *(*fn)(void *), uint64
 	return last - first;
 }
 
-/* One case of a variant: every repetition, a fresh pool for sop, then one for the driver. */
+/* The work of a run: each thread's operations (both sets of the arriving variant) and the tasks
+ * taken, so that another run can be made to do exactly that. */
+struct work {
+	long ops[2][THREAD_MAX];
+	long tasks;
+};
+
+/* One run of variant v on a fresh pool of side sd: in its time box, or, with limit, the work
+ * limit describes (its box then only a guard). *done gets the work made. Returns the span. */
+static double
+variant_run(enum variant v, struct side *sd, struct worker *w, int n_threads, double box_ns,
+	    size_t max_size, const struct work *limit, struct work *done, double *pairs,
+	    uint64_t *peak, long *short_fill)
+{
+	struct crowd cr;
+	double span;
+
+	memset(&cr, 0, sizeof cr);
+	cr.sd = sd;
+	cr.box_ns = limit ? box_ns * 100 : box_ns;
+	cr.max_size = max_size;
+	cr.max_tasks = limit ? limit->tasks : 0;
+	atomic_init(&cr.next_task, 0);
+	atomic_init(&cr.running, 0);
+	/* Arriving: a first set of threads, the same program, runs to its end on the pool
+	 * before the new ones come; its peak counts, its pairs do not. */
+	if (v == VAR_ARRIVING)
+		crowd_run(&cr, w, n_threads, worker_replace, 0xa1100000u, 0,
+			  limit ? limit->ops[0] : NULL, done->ops[0], pairs, peak, short_fill);
+	span = crowd_run(&cr, w, n_threads, v == VAR_TASKS ? worker_tasks : worker_replace,
+			 v == VAR_COLD ? 0xc01d0000u : 0xa1200000u,
+			 v == VAR_ARRIVING ? box_ns / 32 : 0, limit ? limit->ops[1] : NULL,
+			 done->ops[1], pairs, peak, short_fill);
+	done->tasks = atomic_load(&cr.next_task);
+	if (limit && done->tasks > limit->tasks)
+		done->tasks = limit->tasks; /* the claims past the end ran nothing */
+	return span;
+}
+
+/* One case of a variant: every repetition, a fresh pool for sop, then one for the driver, then
+ * sop again on a fresh pool doing exactly the driver's work: the driver's pool runs a fraction
+ * of sop's operations in the box, which fragments its memory less, and only the same program
+ * compares memory. */
 static void
 variant_case(enum variant v, int n_threads, double box_ns, size_t max_size)
 {
@@ -689,12 +745,13 @@ variant_case(enum variant v, int n_threads, double box_ns, size_t max_size)
 	static const enum side_kind kinds[] = {SIDE_SOP, SIDE_POOL, SIDE_IDEAL};
 	size_t bytes = sizeof(struct worker) * (size_t)n_threads;
 	struct worker *w = aligned_alloc(_Alignof(struct worker), bytes);
+	struct work *drv_work = calloc(1, sizeof *drv_work), *scratch = calloc(1, sizeof *scratch);
 	long short_fill[N_SIDES] = {0};
-	struct metric *agg, *mem;
+	struct metric *agg, *mem, *same;
 	char cas[32];
 	int r, k;
 
-	if (!w) {
+	if (!w || !drv_work || !scratch) {
 		fprintf(stderr, "sop-bench: out of host memory\n");
 		exit(1);
 	}
@@ -703,45 +760,39 @@ variant_case(enum variant v, int n_threads, double box_ns, size_t max_size)
 			 true);
 	mem = metric_new("threads", variant_names[v], cas, "reserved-high / live peak", "x",
 			 n_threads, false);
+	same = metric_new("threads", variant_names[v], cas,
+			  "reserved-high / live peak, the driver's work", "x", n_threads, false);
 	for (r = 0; r < opts.reps; r++) {
+		bool drv_ran = false;
+
 		for (k = 0; k < N_OF(kinds); k++) {
-			struct crowd cr;
 			struct side sd;
 			struct calls c0, c1;
 			uint64_t peak = 0, used;
-			double pairs, span;
+			double pairs, span, ratio;
 
 			if ((kinds[k] == SIDE_IDEAL && v != VAR_TASKS) || !side_allowed(kinds[k]) ||
 			    !side_open(&sd, kinds[k], UINT64_MAX, 0))
 				continue;
-			memset(&cr, 0, sizeof cr);
-			cr.sd = &sd;
-			cr.box_ns = box_ns;
-			cr.max_size = max_size;
-			atomic_init(&cr.next_task, 0);
-			atomic_init(&cr.running, 0);
-			/* Arriving: a first set of threads, the same program, runs to its end on
-			 * the pool before the new ones come; its peak counts, its pairs do not. */
-			if (v == VAR_ARRIVING)
-				crowd_run(&cr, w, n_threads, worker_replace, 0xa1100000u, 0, &pairs,
-					  &peak, &short_fill[sd.kind]);
 			calls_read(&c0);
-			span = crowd_run(&cr, w, n_threads,
-					 v == VAR_TASKS ? worker_tasks : worker_replace,
-					 v == VAR_COLD ? 0xc01d0000u : 0xa1200000u,
-					 v == VAR_ARRIVING ? box_ns / 32 : 0, &pairs, &peak,
-					 &short_fill[sd.kind]);
+			span = variant_run(v, &sd, w, n_threads, box_ns, max_size, NULL,
+					   sd.kind == SIDE_POOL ? drv_work : scratch, &pairs, &peak,
+					   &short_fill[sd.kind]);
 			calls_read(&c1);
 			metric_add(agg, sd.kind, pairs / span * 1e3);
 			if (sd.kind == SIDE_IDEAL) {
 				sides_close(&sd, 1);
 				continue;
 			}
-			metric_add(mem, sd.kind,
-				   (double)side_attr(&sd, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) /
-				       (double)(peak ? peak : 1));
+			ratio = (double)side_attr(&sd, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) /
+				(double)(peak ? peak : 1);
+			metric_add(mem, sd.kind, ratio);
 			if (sd.kind == SIDE_SOP)
 				metric_calls(agg, &c0, &c1, pairs);
+			if (sd.kind == SIDE_POOL) {
+				metric_add(same, sd.kind, ratio);
+				drv_ran = true;
+			}
 			used = side_attr(&sd, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
 			if (used)
 				note("threads %s, %s: %s still had %llu bytes in use after every "
@@ -750,15 +801,33 @@ variant_case(enum variant v, int n_threads, double box_ns, size_t max_size)
 				     (unsigned long long)used);
 			sides_close(&sd, 1);
 		}
+		if (drv_ran && side_allowed(SIDE_SOP)) {
+			struct side sd;
+			uint64_t peak = 0;
+			double pairs;
+			long ignored = 0;
+
+			if (side_open(&sd, SIDE_SOP, UINT64_MAX, 0)) {
+				variant_run(v, &sd, w, n_threads, box_ns, max_size, drv_work,
+					    scratch, &pairs, &peak, &ignored);
+				metric_add(same, SIDE_SOP,
+					   (double)side_attr(&sd, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) /
+						   (double)(peak ? peak : 1));
+				sides_close(&sd, 1);
+			}
+		}
 	}
 	metric_done(agg);
 	metric_done(mem);
+	metric_done(same);
 	for (k = 0; k < N_OF(kinds); k++)
 		if (short_fill[kinds[k]])
 			note("threads %s, %s: on %s, %ld thread runs ended their time box before "
 			     "%d blocks were live",
 			     variant_names[v], cas, side_names[kinds[k]], short_fill[kinds[k]],
 			     THREAD_LIVE);
+	free(scratch);
+	free(drv_work);
 	free(w);
 }
 
@@ -825,7 +894,10 @@ wl_threads(void)
 	    "to the last one's end (tasks: stream creation and destruction included). Live peak "
 	    "= the most requested bytes live at once across threads, sampled every %.0f us "
 	    "(arriving: over both sets); reserved-high is the pool's "
-	    "CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH at the end. sop calls/op: sop's driver calls from "
+	    "CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH at the end. In its box the driver's pool makes a "
+	    "fraction of sop's operations, which fragments less: 'the driver's work' runs sop again, "
+	    "on a fresh pool, for exactly the operations each of the driver's threads made (tasks: "
+	    "the driver's tasks), the same program on both sides. sop calls/op: sop's driver calls from "
 	    "the timed threads' start to their end, teardown included, over the pairs counted.",
 	    max_size / KiB, box_ns / 1e6, var_size / KiB, box_ns / 1e6, box_ns / 32 / 1e6,
 	    TASK_LIVE, TASK_STEPS, SAMPLE_NS / 1e3);
