@@ -275,12 +275,56 @@ staging(CUstream s1, CUstream hs)
 		}
 	}
 	TH_ASSERT(th_verify(dev, MiB, (uint32_t)((BATCHES - 1) & 0xff) * 0x01010101u, s1));
-	TH_ASSERT(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) <= SOP_SEGMENT_MIN);
+	TH_ASSERT(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) <= 2 * TH_POOL(pool)->granularity);
 	TH_OK(sop_free_async(dev, s1));
 	TH_OK(sop_stream_synchronize(s1));
 	TH_CHECK(pool);
 	TH_OK(sop_pool_destroy(pool));
 	printf("staging: %d buffers in turn after %d batches: ok\n", n_seen, WARM);
+}
+
+/* Pieces of the pool's segments. */
+static size_t
+pieces(sop_pool_t pool)
+{
+	struct sop_pool *p = TH_POOL(pool);
+	struct sop__segment *seg;
+	size_t n = 0;
+
+	pthread_mutex_lock(&p->lock);
+	for (seg = p->segments; seg; seg = seg->next)
+		n += seg->n_pieces;
+	pthread_mutex_unlock(&p->lock);
+	return n;
+}
+
+/* A host pool pins what it needs, not a device pool's 32 MiB step: its first small allocation
+ * pins one granule, and as it grows its steps ramp up by half of what it holds, so that it
+ * reserves at most half again its live memory plus a granule while its pieces stay few. */
+static void
+growth_ramp(CUstream s)
+{
+	enum { LIVE = 96 };
+	sop_pool_t pool = host_pool(CU_MEM_LOCATION_TYPE_HOST, 0);
+	size_t g = TH_POOL(pool)->granularity, reserved, n;
+	void *p[LIVE];
+	int i;
+
+	TH_OK(sop_malloc_from_pool_async(&p[0], MiB, pool, s));
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), g);
+	for (i = 1; i < LIVE; i++) {
+		TH_OK(sop_malloc_from_pool_async(&p[i], MiB, pool, s));
+		reserved = th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+		TH_ASSERT(reserved <= (size_t)(i + 1) * MiB * 3 / 2 + g);
+	}
+	n = pieces(pool);
+	TH_ASSERT(n <= 12);
+	for (i = 0; i < LIVE; i++)
+		TH_OK(sop_free_async(p[i], s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+	printf("growth ramp: %zu pieces for %d MiB: ok\n", n, LIVE);
 }
 
 /* The CPU's loads and stores, ordered with stream work by synchronization; device access. */
@@ -572,6 +616,7 @@ main(void)
 	stream_order(CU_MEM_LOCATION_TYPE_HOST_NUMA, node, s1, s2);
 	cpu_access(CU_MEM_LOCATION_TYPE_HOST, 0, s1, s2);
 	staging(s1, s2);
+	growth_ramp(s1);
 	cpu_access(CU_MEM_LOCATION_TYPE_HOST_NUMA, node, s1, s2);
 	locations(s1);
 	numa_placement(s1);
