@@ -705,8 +705,8 @@ struct work {
  * limit describes (its box then only a guard). *done gets the work made. Returns the span. */
 static double
 variant_run(enum variant v, struct side *sd, struct worker *w, int n_threads, double box_ns,
-	    size_t max_size, const struct work *limit, struct work *done, double *pairs,
-	    uint64_t *peak, long *short_fill)
+	    size_t max_size, const struct work *limit, struct work *done, struct calls *c0,
+	    struct calls *c1, double *pairs, uint64_t *peak, long *short_fill)
 {
 	struct crowd cr;
 	double span;
@@ -723,10 +723,12 @@ variant_run(enum variant v, struct side *sd, struct worker *w, int n_threads, do
 	if (v == VAR_ARRIVING)
 		crowd_run(&cr, w, n_threads, worker_replace, 0xa1100000u, 0,
 			  limit ? limit->ops[0] : NULL, done->ops[0], pairs, peak, short_fill);
+	calls_read(c0);
 	span = crowd_run(&cr, w, n_threads, v == VAR_TASKS ? worker_tasks : worker_replace,
 			 v == VAR_COLD ? 0xc01d0000u : 0xa1200000u,
 			 v == VAR_ARRIVING ? box_ns / 32 : 0, limit ? limit->ops[1] : NULL,
 			 done->ops[1], pairs, peak, short_fill);
+	calls_read(c1);
 	done->tasks = atomic_load(&cr.next_task);
 	if (limit && done->tasks > limit->tasks)
 		done->tasks = limit->tasks; /* the claims past the end ran nothing */
@@ -774,11 +776,9 @@ variant_case(enum variant v, int n_threads, double box_ns, size_t max_size)
 			if ((kinds[k] == SIDE_IDEAL && v != VAR_TASKS) || !side_allowed(kinds[k]) ||
 			    !side_open(&sd, kinds[k], UINT64_MAX, 0))
 				continue;
-			calls_read(&c0);
 			span = variant_run(v, &sd, w, n_threads, box_ns, max_size, NULL,
-					   sd.kind == SIDE_POOL ? drv_work : scratch, &pairs, &peak,
-					   &short_fill[sd.kind]);
-			calls_read(&c1);
+					   sd.kind == SIDE_POOL ? drv_work : scratch, &c0, &c1, &pairs,
+					   &peak, &short_fill[sd.kind]);
 			metric_add(agg, sd.kind, pairs / span * 1e3);
 			if (sd.kind == SIDE_IDEAL) {
 				sides_close(&sd, 1);
@@ -803,13 +803,14 @@ variant_case(enum variant v, int n_threads, double box_ns, size_t max_size)
 		}
 		if (drv_ran && side_allowed(SIDE_SOP)) {
 			struct side sd;
+			struct calls c0, c1;
 			uint64_t peak = 0;
 			double pairs;
 			long ignored = 0;
 
 			if (side_open(&sd, SIDE_SOP, UINT64_MAX, 0)) {
 				variant_run(v, &sd, w, n_threads, box_ns, max_size, drv_work,
-					    scratch, &pairs, &peak, &ignored);
+					    scratch, &c0, &c1, &pairs, &peak, &ignored);
 				metric_add(same, SIDE_SOP,
 					   (double)side_attr(&sd, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) /
 						   (double)(peak ? peak : 1));
