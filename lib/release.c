@@ -182,7 +182,7 @@ piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc
 	if (!pool->host)
 		sop__limit_discharge(pool->device, pc->size);
 	if (pc->fd_plus1)
-		close(pc->fd_plus1 - 1);
+		sop__share_piece_drop(pool, pc);
 	free(pc);
 	if (!seg->mapped)
 		sop__segment_drop(pool, seg);

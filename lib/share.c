@@ -326,12 +326,47 @@ had(const struct sop__wire_request *q, uint64_t serial)
 	return false;
 }
 
+/* Pieces' descriptors an exported pool keeps open, at most. Each is a descriptor of the
+ * application's process: a pool of a thousand pieces that importers had all asked for would
+ * take a thousand of them, past the usual soft limit of 1024, and the application's own opens
+ * would fail. Importers map a piece once, however many pointers it backs, so one asked for
+ * again is rare; past the limit the one asked for least recently is closed, and exported again
+ * if it is asked for again. */
+size_t sop__share_fds_max = 64;
+
+void
+sop__share_piece_drop(struct sop_pool *pool, struct sop__piece *pc)
+{
+	close(pc->fd_plus1 - 1);
+	pc->fd_plus1 = 0;
+	pool->fds_kept--;
+}
+
+/* Close the kept descriptor that served a request least recently, other than keep's. Pool lock
+ * held. */
+static void
+fds_shed(struct sop_pool *pool, const struct sop__piece *keep)
+{
+	struct sop__piece *old = NULL;
+	struct sop__segment *seg;
+	size_t i;
+
+	for (seg = pool->segments; seg; seg = seg->next)
+		for (i = 0; i < seg->n_pieces; i++) {
+			struct sop__piece *pc = seg->pieces[i];
+			if (pc->fd_plus1 && pc != keep && (!old || pc->fd_used < old->fd_used))
+				old = pc;
+		}
+	if (old)
+		sop__share_piece_drop(pool, old);
+}
+
 /* A descriptor of the piece for one answer, closed once sent: a copy of the one the piece keeps,
  * exported at the first request for it (0.6 ms on the H100, where sending one costs
- * microseconds) and closed when the piece is released (release.c). Pool lock held, context
- * current. */
+ * microseconds) and closed when the piece is released (release.c), or when the pool keeps
+ * sop__share_fds_max others used more recently. Pool lock held, context current. */
 static CUresult
-piece_fd(struct sop__piece *pc, int *fd)
+piece_fd(struct sop_pool *pool, struct sop__piece *pc, int *fd)
 {
 	CUresult r;
 	int d;
@@ -349,7 +384,11 @@ piece_fd(struct sop__piece *pc, int *fd)
 		if (kept < 0)
 			return CUDA_ERROR_OUT_OF_MEMORY;
 		pc->fd_plus1 = kept + 1;
+		pool->fds_kept++;
+		while (pool->fds_kept > sop__share_fds_max && pool->fds_kept > 1)
+			fds_shed(pool, pc);
 	}
+	pc->fd_used = ++pool->fd_clock;
 	*fd = fcntl(pc->fd_plus1 - 1, F_DUPFD_CLOEXEC, 0);
 	return *fd >= 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -413,7 +452,7 @@ answer_make(struct sop_pool *pool, const struct sop__wire_request *q, struct sop
 			cap = c;
 		}
 		if (!had(q, pc->serial)) {
-			r = piece_fd(pc, &fd);
+			r = piece_fd(pool, pc, &fd);
 			if (r != CUDA_SUCCESS)
 				break;
 		}

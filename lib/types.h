@@ -335,8 +335,10 @@ struct sop__piece {
 	/* An imported piece (import.c): the live and pending imported pointers that it backs. */
 	size_t refs;
 	/* An exported pool's piece: its shareable descriptor plus one, once an importer asked for
-	 * it (share.c), kept open until the piece is released: exporting one costs 0.6 ms. */
+	 * it (share.c), kept open until the piece is released or the pool keeps too many (exporting
+	 * one costs 0.6 ms), and when it last served a request (the pool's fd_clock then). */
 	int fd_plus1;
+	uint64_t fd_used;
 };
 
 /* Spare block-map leaves (blockmap.c): at most this many on hand. */
@@ -713,6 +715,8 @@ struct sop_pool {
 	struct sop__import *import;
 	struct sop__board_slot *board; /* exporter: read-write; importer: the exporter's, read-only */
 	int board_fd_plus1;            /* exporter: its memfd plus one, else 0 */
+	size_t fds_kept;               /* exporter: pieces' descriptors open (pool lock) */
+	uint64_t fd_clock;             /* exporter: requests for pieces' descriptors (pool lock) */
 	CUmemAccessDesc *access; /* peers granted access, besides the owner */
 	size_t n_access;
 	uint64_t used_high; /* pool lock; see sop__pool_used */

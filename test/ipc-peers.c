@@ -6,7 +6,8 @@
  * a forked child of the exporter that outlives it; the exporter's trims and releases under a
  * live import; a piece released and made again at the same place; one pool imported several
  * times, through several exported descriptors; every byte of export data changed, one at a
- * time; an allocation over two pieces; refused exports that start no thread and open no
+ * time; an allocation over two pieces; more pieces asked for than the exporter keeps
+ * descriptors of (it closes the least recently asked for, and exports it again); refused exports that start no thread and open no
  * descriptor, one broker per pool however often it is exported; imports and frees on several
  * threads racing the imported pool's destruction. Each process ends with its driver objects
  * and descriptors as they were before its first pool.
@@ -911,6 +912,95 @@ span_importer(int s)
 	return failed;
 }
 
+/* ---- More pieces asked for than the exporter keeps descriptors of ---------------------------- */
+
+#define MANY 8 /* allocations of a piece each */
+#define KEPT 3 /* the exporter's cap on kept descriptors, for the test */
+
+/* Pieces with a kept descriptor: what the pool counts, and what is there. */
+static void
+kept_check(sop_pool_t pool, const char *who)
+{
+	struct sop_pool *p = TH_POOL(pool);
+	struct sop__segment *seg;
+	size_t i, n = 0;
+
+	pthread_mutex_lock(&p->lock);
+	for (seg = p->segments; seg; seg = seg->next)
+		for (i = 0; i < seg->n_pieces; i++)
+			n += seg->pieces[i]->fd_plus1 != 0;
+	EXPECT_EQ(n, p->fds_kept, who);
+	EXPECT_EQ(n <= KEPT, 1, who);
+	pthread_mutex_unlock(&p->lock);
+}
+
+static int
+many_exporter(int s)
+{
+	static struct msg m;
+	struct base b = base_take();
+	CUstream st = th_stream();
+	sop_pool_t pool = ipc_pool();
+	void *p[MANY];
+	int fd, i;
+
+	sop__share_fds_max = KEPT;
+	TH_OK(sop_pool_export_to_shareable_handle(&fd, pool, POSIX_FD, 0));
+	memset(&m, 0, sizeof m);
+	m.op = POOL;
+	for (i = 0; i < MANY; i++)
+		p[i] = make(&m, i, pool, 32 * MIB, 0x6d000000u + (uint32_t)i, st);
+	TH_OK(sop_stream_synchronize(st));
+	send_msg(s, fd, &m);
+	TH_EQ(close(fd), 0);
+	/* The importer maps every piece, unmaps them all, and maps them again: the pieces whose
+	 * descriptors were closed are exported again. */
+	hear(s, GO);
+	kept_check(pool, "many pieces: first round");
+	say(s, GO);
+	hear(s, GO);
+	kept_check(pool, "many pieces: second round");
+	for (i = 0; i < MANY; i++)
+		TH_OK(sop_free_async(p[i], st));
+	pool_end(pool, st);
+	TH_OK(sop_stream_destroy(st));
+	base_check(&b, "many pieces: exporter");
+	return failed;
+}
+
+static int
+many_importer(int s)
+{
+	static struct msg m;
+	struct base b = base_take();
+	CUstream st = th_stream();
+	sop_pool_t ipool;
+	void *p[MANY];
+	int fd, i, round;
+
+	fd = recv_msg(s, &m, POOL);
+	ipool = import_pool(fd);
+	TH_EQ(close(fd), 0);
+	for (round = 0; round < 2; round++) {
+		for (i = 0; i < m.n; i++) {
+			TH_OK(sop_pool_import_pointer(&p[i], ipool, &m.d[i]));
+			TH_ASSERT(th_verify(p[i], m.size[i], m.tag[i], st));
+		}
+		for (i = 0; i < m.n; i++)
+			TH_OK(sop_free_async(p[i], st));
+		TH_OK(sop_stream_synchronize(st));
+		EXPECT_EQ(th_attr(ipool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0,
+			  "many pieces: importer");
+		say(s, GO);
+		if (!round)
+			hear(s, GO);
+	}
+	TH_OK(sop_pool_destroy(ipool));
+	TH_OK(sop_stream_destroy(st));
+	base_check(&b, "many pieces: importer");
+	return failed;
+}
+
 /* ---- Imports and frees racing the imported pool's destruction ------------------------------ */
 
 #define RACE_BLOCKS 16
@@ -1154,6 +1244,20 @@ run_again_importer(int s, int unused)
 	return again_importer(s);
 }
 
+static int
+run_many_exporter(int s, int unused)
+{
+	(void)unused;
+	return many_exporter(s);
+}
+
+static int
+run_many_importer(int s, int unused)
+{
+	(void)unused;
+	return many_importer(s);
+}
+
 /* Two processes joined by one socket pair. */
 static int
 pair(int (*exp)(int, int), int (*imp)(int, int), const char *what, int extra, int *extra_close)
@@ -1217,6 +1321,8 @@ main(void)
 			 "imports and frees racing the pool's destruction", -1, NULL));
 	r = join(r, pair(run_again_exporter, run_again_importer,
 			 "trims, a piece made again, changed bytes", -1, NULL));
+	r = join(r, pair(run_many_exporter, run_many_importer,
+			 "more pieces than descriptors kept", -1, NULL));
 	if (!r)
 		printf("ipc-peers: two importers, a dying importer, a gone exporter, pieces made "
 		       "again: ok\n");
