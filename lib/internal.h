@@ -668,8 +668,6 @@ CUresult sop__share_pointer(struct sop_pool *pool, CUdeviceptr addr, CUmemPoolPt
 void sop__share_forget(struct sop_pool *pool, struct sop__block *b);
 /* At most this many pieces' descriptors an exported pool keeps open (a variable for tests). */
 extern size_t sop__share_fds_max;
-/* A piece with a kept descriptor is being released: close it. Pool lock held. */
-void sop__share_piece_drop(struct sop_pool *pool, struct sop__piece *pc);
 /* A new descriptor of the pool's broker, started on first use. */
 CUresult sop__share_export(struct sop_pool *pool, int *fd);
 /* Stop the broker, if any (the pool is being destroyed): importers' later calls fail. */

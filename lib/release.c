@@ -181,8 +181,10 @@ piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc
 	 * pool's memory was never counted (vmm.c). */
 	if (!pool->host)
 		sop__limit_discharge(pool->device, pc->size);
-	if (pc->fd_plus1)
-		sop__share_piece_drop(pool, pc);
+	if (pc->fd_plus1) { /* the descriptor an exported pool kept (share.c) */
+		close(pc->fd_plus1 - 1);
+		pool->fds_kept--;
+	}
 	free(pc);
 	if (!seg->mapped)
 		sop__segment_drop(pool, seg);

@@ -334,8 +334,10 @@ had(const struct sop__wire_request *q, uint64_t serial)
  * if it is asked for again. */
 size_t sop__share_fds_max = 64;
 
-void
-sop__share_piece_drop(struct sop_pool *pool, struct sop__piece *pc)
+/* Close the descriptor pc keeps (release.c does the same when it releases the piece). Pool
+ * lock held. */
+static void
+piece_fd_drop(struct sop_pool *pool, struct sop__piece *pc)
 {
 	close(pc->fd_plus1 - 1);
 	pc->fd_plus1 = 0;
@@ -358,7 +360,7 @@ fds_shed(struct sop_pool *pool, const struct sop__piece *keep)
 				old = pc;
 		}
 	if (old)
-		sop__share_piece_drop(pool, old);
+		piece_fd_drop(pool, old);
 }
 
 /* A descriptor of the piece for one answer, closed once sent: a copy of the one the piece keeps,
