@@ -87,26 +87,37 @@ sop__block_delete(struct sop_pool *pool, struct sop__block *b)
 
 /* ---- Split and merge -------------------------------------------------------------------- */
 
+/* Split b at size, the rest in the given state and in no bin: NULL, b left whole, when nothing
+ * is left over or there is no descriptor or map slot for the rest (no host memory: the block is
+ * then handed out whole, which wastes device memory but stays correct). Pool lock held. */
+static struct sop__block *
+split_off(struct sop_pool *pool, struct sop__block *b, size_t size, enum sop__state state)
+{
+	struct sop__block *rest;
+
+	if (b->size - size < SOP_ALIGN)
+		return NULL;
+	rest = sop__block_new(pool);
+	if (!rest)
+		return NULL;
+	if (!sop__segment_lock_leaves(pool, b->seg, 1)) {
+		sop__block_delete(pool, rest);
+		return NULL;
+	}
+	sop__block_split(pool, b, rest, size, state, &b->seg->leaves);
+	sop__lock_drop(&b->seg->lock);
+	return rest;
+}
+
 void
 sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size,
 		 struct sop__sstream *from, bool from_held)
 {
-	struct sop__block *rest;
 	enum sop__state state = sop__block_state(b);
+	struct sop__block *rest = split_off(pool, b, size, state);
 
-	if (b->size - size < SOP_ALIGN)
-		return;
-	/* A descriptor and a map slot are needed; without host memory the block is handed out
-	 * whole, which wastes device memory but stays correct. */
-	rest = sop__block_new(pool);
 	if (!rest)
 		return;
-	if (!sop__segment_lock_leaves(pool, b->seg, 1)) {
-		sop__block_delete(pool, rest);
-		return;
-	}
-	sop__block_split(pool, b, rest, size, state, &b->seg->leaves);
-	sop__lock_drop(&b->seg->lock);
 	if (state == SOP_BLOCK_CACHED) {
 		if (!from_held)
 			sop__lock_take(&from->lock);
@@ -132,17 +143,9 @@ sop__block_carve_refill(struct sop_pool *pool, struct sop__block *b, size_t size
 		sop__block_carve(pool, b, size, NULL, true);
 		return;
 	}
-	if (b->size - size < SOP_ALIGN)
-		return;
-	rest = sop__block_new(pool);
+	rest = split_off(pool, b, size, SOP_BLOCK_CACHED);
 	if (!rest)
 		return;
-	if (!sop__segment_lock_leaves(pool, b->seg, 1)) {
-		sop__block_delete(pool, rest);
-		return;
-	}
-	sop__block_split(pool, b, rest, size, SOP_BLOCK_CACHED, &b->seg->leaves);
-	sop__lock_drop(&b->seg->lock);
 	rest->seq = 0; /* nothing pending on it: safe for any stream */
 	sop__block_set_owner(rest, ss);
 	sop__bins_insert(&ss->cache, rest);
