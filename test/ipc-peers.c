@@ -1163,100 +1163,24 @@ join(int r, int e)
 	return r == TH_SKIP || e == TH_SKIP ? TH_SKIP : 0;
 }
 
-static int
-run_two_exporter(int a, int b)
-{
-	return two_exporter(a, b);
-}
-
-static int
-run_two_importer(int s, int k)
-{
-	return two_importer(s, k);
-}
-
-static int
-run_dies_exporter(int s, int unused)
-{
-	(void)unused;
-	return dies_exporter(s);
-}
-
-static int
-run_dies_importer(int s, int unused)
-{
-	(void)unused;
-	return dies_importer(s);
-}
-
-static int
-run_gone_exporter(int s, int child_wait)
-{
-	return gone_exporter(s, child_wait);
-}
-
-static int
-run_gone_importer(int s, int unused)
-{
-	(void)unused;
-	return gone_importer(s);
-}
-
-static int
-run_span_exporter(int s, int unused)
-{
-	(void)unused;
-	return span_exporter(s);
-}
-
-static int
-run_span_importer(int s, int unused)
-{
-	(void)unused;
-	return span_importer(s);
-}
-
-static int
-run_race_exporter(int s, int unused)
-{
-	(void)unused;
-	return race_exporter(s);
-}
-
-static int
-run_race_importer(int s, int unused)
-{
-	(void)unused;
-	return race_importer(s);
-}
-
-static int
-run_again_exporter(int s, int unused)
-{
-	(void)unused;
-	return again_exporter(s);
-}
-
-static int
-run_again_importer(int s, int unused)
-{
-	(void)unused;
-	return again_importer(s);
-}
-
-static int
-run_many_exporter(int s, int unused)
-{
-	(void)unused;
-	return many_exporter(s);
-}
-
-static int
-run_many_importer(int s, int unused)
-{
-	(void)unused;
-	return many_importer(s);
-}
+/* The roles that take only their socket, as start runs them. */
+#define ROLE(name)                                                                                 \
+	static int run_##name(int s, int unused)                                                   \
+	{                                                                                          \
+		(void)unused;                                                                      \
+		return name(s);                                                                    \
+	}
+ROLE(dies_exporter)
+ROLE(dies_importer)
+ROLE(gone_importer)
+ROLE(span_exporter)
+ROLE(span_importer)
+ROLE(race_exporter)
+ROLE(race_importer)
+ROLE(again_exporter)
+ROLE(again_importer)
+ROLE(many_exporter)
+ROLE(many_importer)
 
 /* Two processes joined by one socket pair. */
 static int
@@ -1290,13 +1214,13 @@ main(void)
 	TH_ASSERT(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, b) == 0);
 	cl[0] = a[1];
 	cl[1] = b[1];
-	pe = start(run_two_exporter, a[0], b[0], cl, 2);
+	pe = start(two_exporter, a[0], b[0], cl, 2);
 	cl[0] = a[0];
 	cl[1] = b[0];
 	cl[2] = b[1];
-	p0 = start(run_two_importer, a[1], 0, cl, 3);
+	p0 = start(two_importer, a[1], 0, cl, 3);
 	cl[2] = a[1];
-	p1 = start(run_two_importer, b[1], 1, cl, 3);
+	p1 = start(two_importer, b[1], 1, cl, 3);
 	close(a[0]);
 	close(a[1]);
 	close(b[0]);
@@ -1311,7 +1235,7 @@ main(void)
 
 	/* The exporter's child waits on w[0] until every check is done. */
 	TH_ASSERT(pipe(w) == 0);
-	r = join(r, pair(run_gone_exporter, run_gone_importer, "a gone exporter", w[0], &w[1]));
+	r = join(r, pair(gone_exporter, run_gone_importer, "a gone exporter", w[0], &w[1]));
 	close(w[0]);
 	close(w[1]);
 
