@@ -471,7 +471,7 @@ alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, 
 	CUresult r = CUDA_SUCCESS;
 	bool stale = false, crowded = false;
 
-	pthread_mutex_lock(&pool->lock);
+	sop__pool_lock_noting(pool);
 	if (atomic_load(&pool->dead)) {
 		/* Torn down since the caller found it: nothing to allocate from, or to grow. */
 		pthread_mutex_unlock(&pool->lock);

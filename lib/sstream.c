@@ -58,7 +58,7 @@ sop__sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id,
 	r = sop__stream_of(stream, id, true, &st); /* the state will hold it */
 	if (r != CUDA_SUCCESS)
 		return r;
-	pthread_mutex_lock(&pool->lock);
+	sop__pool_lock_noting(pool); /* a stream's first request: where threads meet first */
 	if (atomic_load(&pool->dead)) {
 		/* Torn down since the caller found it (epoch.c keeps it readable): no new state. */
 		pthread_mutex_unlock(&pool->lock);

@@ -6,6 +6,8 @@
  * and after threads have met in the pool, and that a stream's own memory comes before growth,
  * that its small requests stay off the pool lock, and that a stream done with the pool leaves
  * its segments to the others. */
+#include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -334,6 +336,129 @@ hot_stays_off_pool_lock(CUstream s1)
 	th_stream_destroy(h.s);
 }
 
+struct slow_alloc {
+	sop_pool_t pool;
+	CUstream s;
+	void *p;
+	bool known;     /* make the stream known to the pool on this thread first */
+	atomic_int tid; /* set once the thread is about to allocate */
+	atomic_bool ready, go; /* the thread is ready; the test holds the pool lock */
+};
+
+static void *
+slow_alloc_main(void *arg)
+{
+	struct slow_alloc *h = arg;
+	void *a;
+
+	if (h->known) {
+		/* The state of the stream in the pool, found from this thread; a synchronization
+		 * empties its cache. */
+		TH_OK(sop_malloc_from_pool_async(&a, MiB, h->pool, h->s));
+		TH_OK(sop_free_async(a, h->s));
+		TH_OK(sop_stream_synchronize(h->s));
+	}
+	atomic_store(&h->ready, true);
+	while (!atomic_load(&h->go))
+		usleep(100);
+	atomic_store(&h->tid, (int)syscall(SYS_gettid));
+	TH_OK(sop_malloc_from_pool_async(&h->p, MiB, h->pool, h->s));
+	return NULL;
+}
+
+/* Whether thread tid sleeps (in a futex wait, here: nothing else it does sleeps). */
+static bool
+sleeping(int tid)
+{
+	char path[64], buf[256], *end;
+	FILE *f;
+	size_t n;
+
+	snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
+	f = fopen(path, "r");
+	if (!f)
+		return false;
+	n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	end = strrchr(buf, ')'); /* the state follows the command name */
+	return end && end[1] == ' ' && end[2] == 'S';
+}
+
+/* Run h's allocation in a thread while the test holds the pool lock, and return whether that
+ * marked the pool as one that threads meet in. */
+static bool
+met_waiting(struct slow_alloc *h)
+{
+	struct sop_pool *p = TH_POOL(h->pool);
+	pthread_t t;
+	int i;
+
+	atomic_store(&h->tid, 0);
+	atomic_store(&h->ready, false);
+	atomic_store(&h->go, false);
+	TH_ASSERT(pthread_create(&t, NULL, slow_alloc_main, h) == 0);
+	while (!atomic_load(&h->ready))
+		usleep(100);
+	TH_ASSERT(!atomic_load(&p->threads_met));
+	pthread_mutex_lock(&p->lock);
+	atomic_store(&h->go, true);
+	while (!atomic_load(&h->tid))
+		usleep(100);
+	for (i = 0; i < 100000 && !sleeping(atomic_load(&h->tid)); i++)
+		usleep(100);
+	TH_ASSERT(i < 100000);
+	pthread_mutex_unlock(&p->lock);
+	pthread_join(t, NULL);
+	return atomic_load(&p->threads_met);
+}
+
+/* Threads that start at once on a fresh pool meet first on the pool lock, in their first
+ * requests, long before any of them waits for a segment lock: a wait there marks the pool too,
+ * so that their memory goes to segments of their own from the start. Both places a request
+ * takes the pool lock: a stream's first request in the pool, which makes its state there, and
+ * an allocation's slow path. A pool used from several threads one after another stays
+ * unmarked. */
+static void
+pool_wait_meets(CUstream s1)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	struct slow_alloc h = {.pool = pool, .s = th_stream()};
+	void *a;
+	pthread_t t;
+
+	atomic_init(&h.tid, 0);
+	atomic_init(&h.go, true);
+	TH_OK(sop_malloc_from_pool_async(&a, MiB, pool, s1));
+	TH_ASSERT(pthread_create(&t, NULL, slow_alloc_main, &h) == 0);
+	pthread_join(t, NULL);
+	TH_ASSERT(!atomic_load(&TH_POOL(pool)->threads_met));
+	TH_OK(sop_free_async(h.p, h.s));
+	TH_OK(sop_free_async(a, s1));
+	TH_OK(sop_stream_synchronize(h.s));
+	TH_OK(sop_stream_synchronize(s1));
+
+	/* The stream's state made under the held lock. */
+	th_stream_destroy(h.s);
+	h.s = th_stream();
+	TH_ASSERT(met_waiting(&h));
+	TH_CHECK(pool);
+	TH_OK(sop_free_async(h.p, h.s));
+	TH_OK(sop_stream_synchronize(h.s));
+	TH_OK(sop_pool_destroy(pool));
+
+	/* The slow path under the held lock: the thread made the stream known to the pool and
+	 * synchronized it, so its cache is empty. */
+	pool = th_pool(0, 0);
+	h.pool = pool;
+	h.known = true;
+	TH_ASSERT(met_waiting(&h));
+	TH_CHECK(pool);
+	TH_OK(sop_free_async(h.p, h.s));
+	TH_OK(sop_pool_destroy(pool));
+	th_stream_destroy(h.s);
+}
+
 /* A stream that synchronized with nothing cached, its live blocks filling less than half of its
  * segments (a worker that freed all but a few blocks, synchronized its stream and destroyed
  * it), gives up its segment, though another stream's block lies there too: a third stream
@@ -482,6 +607,7 @@ main(void)
 		affinity(s, s2);
 		crowded_own_first(s);
 		hot_stays_off_pool_lock(s);
+		pool_wait_meets(s);
 		idle_disowns(s, s2);
 		reclaim(s, s2);
 		th_stream_destroy(s2);
