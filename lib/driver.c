@@ -136,6 +136,25 @@ sop__driver_primary(CUdevice device, CUcontext *out)
 	return r;
 }
 
+/* ---- A relaxed capture mode, paid when due ---------------------------------------------------- */
+
+__thread int sop__relax_state __attribute__((tls_model("initial-exec")));
+__thread int sop__relax_saved __attribute__((tls_model("initial-exec")));
+
+void
+sop__relax_pay(void)
+{
+	CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+
+	/* Paid before the exchange, which goes through here no more. */
+	sop__relax_state = SOP_RELAX_PAID;
+	sop__count(SOP_N_cuThreadExchangeStreamCaptureMode);
+	if (sop__drv.cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS)
+		sop__relax_saved = (int)mode;
+	else
+		sop__relax_saved = -1; /* nothing exchanged, nothing to restore */
+}
+
 /* ---- Call counts ---------------------------------------------------------------------------- */
 
 __thread struct sop__counts *sop__tcounts __attribute__((tls_model("initial-exec")));

@@ -5,7 +5,8 @@
  *
  * The driver
  *   driver.c    the only file through which sop calls cu*: a table of entry points loaded with
- *               dlopen, call counts, primary contexts, a pool's context pushed and popped
+ *               dlopen, call counts, primary contexts, a pool's context pushed and popped, the
+ *               relaxed capture mode paid at the first call of a stretch that owes it
  *   limit.c     device memory limits: each device's cap and what sop's pools hold against it
  * Process-wide state
  *   epoch.c     deferred reclamation: an object is freed once no call can be reading it
@@ -69,7 +70,22 @@ sop__count(enum sop__entry e)
 			      memory_order_relaxed);
 }
 
-#define SOP_DRV(name) (sop__count(SOP_N_##name), sop__drv.name)
+/* A relaxed capture mode owed before the thread's next driver call (sop__capture_relax_lazy,
+ * order.c): SOP_RELAX_DUE until a call pays it, SOP_RELAX_PAID once the mode was exchanged
+ * (the thread's own mode kept in sop__relax_saved), SOP_RELAX_NONE outside such a stretch. */
+enum { SOP_RELAX_NONE, SOP_RELAX_DUE, SOP_RELAX_PAID };
+extern __thread int sop__relax_state __attribute__((tls_model("initial-exec")));
+extern __thread int sop__relax_saved __attribute__((tls_model("initial-exec")));
+void sop__relax_pay(void);
+
+static inline void
+sop__relax_due(void)
+{
+	if (SOP_UNLIKELY(sop__relax_state == SOP_RELAX_DUE))
+		sop__relax_pay();
+}
+
+#define SOP_DRV(name) (sop__count(SOP_N_##name), sop__relax_due(), sop__drv.name)
 
 /* Load the driver and call cuInit once; later calls return the first call's result.
  * CUDA_ERROR_NOT_INITIALIZED when no driver library can be loaded. */
@@ -454,6 +470,11 @@ CUresult sop__stream_capturing_seen(CUstream stream, bool *capturing);
  * flight. */
 int sop__capture_relax(void);
 void sop__capture_restore(int saved);
+/* The same for a stretch of sop's own work that mostly makes no driver call (an allocation's
+ * slow path): the mode is exchanged only before the stretch's first driver call, if it makes
+ * one, and restored by sop__capture_restore_lazy with what this returned. */
+int sop__capture_relax_lazy(void);
+void sop__capture_restore_lazy(int token);
 
 /* The id of the stream a handle names now (cuStreamGetId); CUDA_ERROR_INVALID_CONTEXT for a
  * special handle with no current context, or the driver's code for a bad handle.

@@ -189,6 +189,32 @@ sop__capture_restore(int saved)
 		SOP_DRV(cuThreadExchangeStreamCaptureMode)(&mode);
 }
 
+/* Most slow paths carve a block and make no driver call; exchanging the mode around each of them
+ * was two calls in every five operations of random sizes up to 1 MiB, a third of the calls sop
+ * made there. The first driver call of the stretch pays for the exchange (SOP_DRV). 0: owed;
+ * -1: nothing owed (no capture may be in flight, or an enclosing stretch owes it already). */
+int
+sop__capture_relax_lazy(void)
+{
+	if (SOP_LIKELY(!sop__capture_possible()) || sop__relax_state != SOP_RELAX_NONE)
+		return -1;
+	sop__relax_state = SOP_RELAX_DUE;
+	return 0;
+}
+
+void
+sop__capture_restore_lazy(int token)
+{
+	int paid;
+
+	if (token < 0)
+		return;
+	paid = sop__relax_state == SOP_RELAX_PAID;
+	sop__relax_state = SOP_RELAX_NONE;
+	if (paid)
+		sop__capture_restore(sop__relax_saved);
+}
+
 /* ---- Stream records ----------------------------------------------------------------------- */
 
 /* Records live in a table of shards keyed by stream id. A call finds one and uses it while it is

@@ -456,9 +456,9 @@ sop__alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUs
 {
 	/* Growth, release, probe queries and waits are sop's own calls: relaxed, so that none
 	 * invalidates a capture in global mode running in another thread. */
-	int mode = sop__capture_relax();
+	int token = sop__capture_relax_lazy();
 	CUresult r = alloc_slow_relaxed(pool, ss, id, stream, size, req, ptr);
-	sop__capture_restore(mode);
+	sop__capture_restore_lazy(token);
 	return r;
 }
 
