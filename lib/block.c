@@ -167,6 +167,8 @@ sop__block_carve_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 	ss->spare = rest->free_next;
 	if (ss->spare)
 		__builtin_prefetch(ss->spare, 1);
+	else
+		ss->spare_last = NULL;
 	ss->n_spare--;
 	rest->free_next = NULL;
 	sop__block_split(pool, b, rest, size, SOP_BLOCK_CACHED, &b->seg->leaves);
@@ -195,6 +197,15 @@ sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__
 #define SPARES_LOW 8
 #define SPARES_HIGH 64
 
+/* A descriptor was pushed onto ss's spares: the first of them is also the last. */
+static inline void
+spare_pushed(struct sop__sstream *ss)
+{
+	if (!ss->spare_last)
+		ss->spare_last = ss->spare;
+	ss->n_spare++;
+}
+
 /* Hand the spares of ss above SPARES_LOW back to the pool without its lock: a stream that only
  * frees gains one with every merge and would otherwise keep them all. Pushed as one chain onto
  * a list the pool lock holder takes whole (sop__block_new), so a compare-and-swap suffices.
@@ -209,6 +220,8 @@ spares_shed(struct sop_pool *pool, struct sop__sstream *ss)
 		ss->n_spare--;
 	}
 	ss->spare = tail->free_next;
+	if (!ss->spare)
+		ss->spare_last = NULL;
 	ss->n_spare--;
 	old = atomic_load_explicit(&pool->returned, memory_order_relaxed);
 	do
@@ -295,7 +308,7 @@ sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 			break;
 		}
 		sop__block_absorb_next(pool, b, &ss->spare);
-		ss->n_spare++;
+		spare_pushed(ss);
 	}
 	for (;;) {
 		p = b->phys_prev;
@@ -313,7 +326,7 @@ sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 			break;
 		}
 		sop__block_absorb_next(pool, p, &ss->spare);
-		ss->n_spare++;
+		spare_pushed(ss);
 		b = p;
 	}
 	sop__lock_drop(&seg->lock);
@@ -334,7 +347,7 @@ sop__spares_balance(struct sop_pool *pool, struct sop__sstream *ss)
 		atomic_store_explicit(&b->tag, sop__tag(0, SOP_BLOCK_DEAD), memory_order_relaxed);
 		b->free_next = ss->spare;
 		ss->spare = b;
-		ss->n_spare++;
+		spare_pushed(ss);
 	}
 	while (ss->n_spare > SPARES_HIGH) {
 		struct sop__block *b = ss->spare;
@@ -345,15 +358,17 @@ sop__spares_balance(struct sop_pool *pool, struct sop__sstream *ss)
 	}
 }
 
+/* At once, through the last spare: walking up to SPARES_HIGH descriptors, long out of the
+ * cache, took a retirement pass about a microsecond a state under the pool lock, where threads
+ * whose tasks each make a stream retire a state per task. */
 void
 sop__spares_return(struct sop_pool *pool, struct sop__sstream *ss)
 {
-	while (ss->spare) {
-		struct sop__block *b = ss->spare;
-		ss->spare = b->free_next;
-		b->free_next = pool->spare;
-		pool->spare = b;
+	if (ss->spare) {
+		ss->spare_last->free_next = pool->spare;
+		pool->spare = ss->spare;
 	}
+	ss->spare = ss->spare_last = NULL;
 	ss->n_spare = 0;
 }
 

@@ -25,6 +25,23 @@
 
 /* Check one set of bins; every block in it must satisfy want_state (and owner, if given).
  * Returns 0 or the failing line. */
+/* A stream's spare descriptors: n_spare of them, the last one spare_last. Stream lock held. */
+static int
+spares_check(const struct sop__sstream *ss)
+{
+	const struct sop__block *b, *last = NULL;
+	unsigned n = 0;
+	int line = 0;
+
+	for (b = ss->spare; b && n <= ss->n_spare; b = b->free_next) {
+		last = b;
+		n++;
+	}
+	CHECK(n == ss->n_spare && last == ss->spare_last);
+out:
+	return line;
+}
+
 static int
 bins_check(struct sop__bins *bins, enum sop__state want_state, struct sop__sstream *owner)
 {
@@ -191,6 +208,8 @@ sop__pool_check(struct sop_pool *pool)
 		sop__lock_take(&ss->lock);
 		line = bins_check(&ss->cache, SOP_BLOCK_CACHED, ss);
 		n_cached_streams += ss->cache.n_blocks;
+		if (!line)
+			line = spares_check(ss);
 		sop__lock_drop(&ss->lock);
 		if (line)
 			goto out;

@@ -522,8 +522,9 @@ struct sop__sstream {
 	bool active;       /* allocated or freed on since the last retirement pass */
 	atomic_bool gone;  /* its stream is known to be destroyed (stream.c) */
 	struct sop__bins cache;
-	/* Descriptors for splitting and merging cached blocks under the stream's lock alone. */
-	struct sop__block *spare;
+	/* Descriptors for splitting and merging cached blocks under the stream's lock alone; the
+	 * last of them too, so that a retired state hands them all back at once (NULL when none). */
+	struct sop__block *spare, *spare_last;
 	unsigned n_spare;
 	struct sop__sstream *next; /* pool->streams */
 	struct sop__retired retired;
