@@ -761,7 +761,7 @@ struct sop_pool {
  * streams known and fill their first blocks there, one after another, and would wait on no
  * segment lock until they free: by then their blocks lay in shared segments, where every split
  * and merge of sixteen threads took the same few segment locks (half their time on the H100, at
- * 3-11 M pairs/s against 28-45 once a wait here counted). */
+ * 2.8-6.4 M pairs/s against 28-34 once a wait here counted). */
 static inline void
 sop__pool_lock_noting(struct sop_pool *pool)
 {
