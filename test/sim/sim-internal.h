@@ -46,7 +46,7 @@
 	X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceGetUuid) \
 	X(cuDeviceTotalMem) X(cuDeviceGetAttribute) X(cuDeviceCanAccessPeer) \
 	X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) \
-	X(cuDevicePrimaryCtxGetState) \
+	X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxReset) X(cuGreenCtxDestroy) \
 	X(cuCtxCreate) X(cuCtxDestroy) \
 	X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent) \
 	X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuCtxGetId) \

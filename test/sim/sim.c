@@ -782,6 +782,23 @@ SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
 	return rc;
 }
 
+/* Resetting an active primary context would destroy every allocation, stream and event of it;
+ * the simulated driver does not model that and says so. An inactive one has nothing to reset. */
+SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
+{
+	SIM_ENTER(cuDevicePrimaryCtxReset);
+	if (!sim_device_valid(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	return atomic_load(&primaries[dev].refs) > 0 ? CUDA_ERROR_NOT_SUPPORTED : CUDA_SUCCESS;
+}
+
+/* The simulated driver makes no green contexts: no handle names one. */
+SIM_EXPORT CUresult CUDAAPI cuGreenCtxDestroy(CUgreenCtx hCtx)
+{
+	SIM_ENTER(cuGreenCtxDestroy);
+	return hCtx ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_VALUE;
+}
+
 SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags,
 							int *active)
 {
