@@ -476,6 +476,11 @@ void sop__capture_restore(int saved);
 int sop__capture_relax_lazy(void);
 void sop__capture_restore_lazy(int token);
 
+/* The interposer sees every call that destroys streams (sop__stream_destroys_watch); it, and
+ * sop_stream_destroy, report each before and after the driver's call (sop__stream_destroying).
+ * While none is reported, sop__stream_id answers a thread's last handle again without asking. */
+void sop__stream_destroys_watch(void);
+void sop__stream_destroying(void);
 /* The id of the stream a handle names now (cuStreamGetId); CUDA_ERROR_INVALID_CONTEXT for a
  * special handle with no current context, or the driver's code for a bad handle.
  * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED for a stream that is capturing, which has no id for sop:

@@ -7,8 +7,9 @@
  * handle to the next context: a handle value is not an identity. cuStreamGetId is (unique for the
  * process's lifetime, about 25 ns a call, and it scales across threads): a call that names a
  * stream asks it, and everything sop knows of a stream is keyed by it (stream.c has the one
- * exception, a free on the stream that allocated the block, and why it is safe). Contexts are
- * told apart by cuCtxGetId.
+ * exception, a free on the stream that allocated the block, and why it is safe; under the
+ * interposer, which sees every destroy, a thread's last handle is answered from memory while no
+ * stream was destroyed: sop__stream_id). Contexts are told apart by cuCtxGetId.
  *
  * Every stream sop has seen has one record here, shared by all pools. Its epoch is a counter
  * that frees read (a free on the stream is tagged with the epoch current at the call) and that
@@ -62,18 +63,61 @@ stream_refused(CUstream stream, CUresult r)
 
 static CUresult stream_capture_check(CUstream stream);
 
+/* Under the interposer every call that destroys a stream, or a context with its streams, goes
+ * through sop (sop_stream_destroy, or the interposer's hooks of the context calls), which counts
+ * them before and after the driver's call. While that count stands still, no handle has changed
+ * hands: the handle a thread last asked about names the stream it named then, and its id is
+ * known without asking. One entry a thread: a thread mostly allocates on one stream. Without the
+ * interposer a program may destroy a stream behind sop's back, and every call asks. */
+static atomic_bool destroys_watched;
+static _Atomic uint64_t destroys;
+
+struct id_memo {
+	CUstream handle;
+	uint64_t id, destroys;
+};
+static __thread struct id_memo id_memo;
+
+void
+sop__stream_destroys_watch(void)
+{
+	atomic_store(&destroys_watched, true);
+}
+
+void
+sop__stream_destroying(void)
+{
+	atomic_fetch_add(&destroys, 1);
+}
+
 CUresult
 sop__stream_id(CUstream stream, uint64_t *id)
 {
 	unsigned long long v = 0;
+	uint64_t seen = 0;
+	bool memo;
 	CUresult r;
 
 	/* The driver refuses cuStreamGetId on a capturing stream, and the refusal invalidates the
 	 * capture, relaxed mode or not: where a capture may be in flight, ask first. */
 	if (sop__capture_possible() && (r = stream_capture_check(stream)) != CUDA_SUCCESS)
 		return r;
+	/* Not the special handles, which name a stream of whatever context is current. */
+	memo = atomic_load_explicit(&destroys_watched, memory_order_relaxed) &&
+	       !sop__stream_special(stream);
+	if (memo) {
+		/* Read before the driver is asked: a destroy that overlaps the question leaves the
+		 * answer unremembered. */
+		seen = atomic_load_explicit(&destroys, memory_order_acquire);
+		if (id_memo.handle == stream && id_memo.destroys == seen) {
+			*id = id_memo.id;
+			return CUDA_SUCCESS;
+		}
+	}
 	r = SOP_DRV(cuStreamGetId)(stream, &v);
 	if (SOP_LIKELY(r == CUDA_SUCCESS)) {
+		if (memo)
+			id_memo = (struct id_memo){stream, v, seen};
 		*id = v;
 		return CUDA_SUCCESS;
 	}

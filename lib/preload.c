@@ -127,6 +127,16 @@ sop__preload_dlsym(void *handle, const char *name)
 	X(PFN_cuStreamWaitEvent_v3020, cuStreamWaitEvent, "cuStreamWaitEvent")                     \
 	X(PFN_cuStreamWaitEvent_v7000_ptsz, cuStreamWaitEvent_ptsz, "cuStreamWaitEvent_ptsz")      \
 	X(PFN_cuStreamDestroy_v4000, cuStreamDestroy_v2, "cuStreamDestroy_v2")                     \
+	X(destroy_v1_fn, cuStreamDestroy_v1, "cuStreamDestroy")                                     \
+	X(PFN_cuCtxDestroy_v4000, cuCtxDestroy_v2, "cuCtxDestroy_v2")                              \
+	X(ctx_destroy_v1_fn, cuCtxDestroy_v1, "cuCtxDestroy")                                      \
+	X(PFN_cuDevicePrimaryCtxRelease_v11000, cuDevicePrimaryCtxRelease_v2,                       \
+	  "cuDevicePrimaryCtxRelease_v2")                                                          \
+	X(primary_v1_fn, cuDevicePrimaryCtxRelease_v1, "cuDevicePrimaryCtxRelease")                \
+	X(PFN_cuDevicePrimaryCtxReset_v11000, cuDevicePrimaryCtxReset_v2,                           \
+	  "cuDevicePrimaryCtxReset_v2")                                                            \
+	X(primary_v1_fn, cuDevicePrimaryCtxReset_v1, "cuDevicePrimaryCtxReset")                    \
+	X(PFN_cuGreenCtxDestroy_v12040, cuGreenCtxDestroy, "cuGreenCtxDestroy")                    \
 	X(PFN_cuEventDestroy_v4000, cuEventDestroy_v2, "cuEventDestroy_v2")                        \
 	X(PFN_cuCtxGetCurrent_v4000, cuCtxGetCurrent, "cuCtxGetCurrent")                          \
 	X(PFN_cuCtxGetDevice_v2000, cuCtxGetDevice, "cuCtxGetDevice")                             \
@@ -149,6 +159,10 @@ sop__preload_dlsym(void *handle, const char *name)
 
 /* CUDA 10.0's cuStreamBeginCapture, without a mode: cudaTypedefs.h keeps its type internal. */
 typedef CUresult(CUDAAPI *begin_capture_v1_fn)(CUstream hStream);
+/* The v1 entry points of the calls that destroy streams, whose types it keeps internal too. */
+typedef CUresult(CUDAAPI *destroy_v1_fn)(CUstream hStream);
+typedef CUresult(CUDAAPI *ctx_destroy_v1_fn)(CUcontext ctx);
+typedef CUresult(CUDAAPI *primary_v1_fn)(CUdevice dev);
 
 struct driver_table {
 	void *dl; /* libcuda.so.1, or NULL where it cannot be loaded */
@@ -281,6 +295,9 @@ preload_loaded(void)
 	/* Every capture begins and ends through this library from now on (the hooks below): sop
 	 * asks whether a stream captures only while one is in flight. */
 	sop__capture_watch();
+	/* And every destroy of a stream or context: a thread's last stream is known without
+	 * asking while none is destroyed. */
+	sop__stream_destroys_watch();
 }
 
 /* ---- Pools the driver made ------------------------------------------------------------------ */
@@ -901,11 +918,85 @@ cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags)
 			 : FORWARD(cuStreamWaitEvent_ptsz, hStream, hEvent, Flags);
 }
 
+/* ---- Calls that destroy streams ------------------------------------------------------------
+ *
+ * A destroyed stream's handle goes to the next stream at once, and a destroyed context's streams'
+ * handles with it. sop answers who a thread's last stream is without asking the driver while no
+ * stream was destroyed (order.c): every call that destroys one is taken here and reported before
+ * and after the driver's call, the v1 entry points of old binaries too. */
+
+/* The driver's call f, reported as a destroy of streams. */
+#define DESTROYING(call)                                                                           \
+	do {                                                                                       \
+		CUresult r_;                                                                       \
+		drv_ensure();                                                                      \
+		sop__stream_destroying();                                                          \
+		r_ = call;                                                                         \
+		sop__stream_destroying();                                                          \
+		return r_;                                                                         \
+	} while (0)
+
 /* cuda.h's cuStreamDestroy and cuEventDestroy are the _v2 symbols. */
 SOP_API CUresult CUDAAPI
 cuStreamDestroy(CUstream hStream)
 {
-	return serving() ? sop_stream_destroy(hStream) : FORWARD(cuStreamDestroy_v2, hStream);
+	if (serving())
+		return sop_stream_destroy(hStream); /* reports it */
+	DESTROYING(FORWARD(cuStreamDestroy_v2, hStream));
+}
+
+SOP_API CUresult CUDAAPI stream_destroy_v1(CUstream hStream) __asm__("cuStreamDestroy");
+SOP_API CUresult CUDAAPI ctx_destroy_v1(CUcontext ctx) __asm__("cuCtxDestroy");
+SOP_API CUresult CUDAAPI primary_release_v1(CUdevice dev) __asm__("cuDevicePrimaryCtxRelease");
+SOP_API CUresult CUDAAPI primary_reset_v1(CUdevice dev) __asm__("cuDevicePrimaryCtxReset");
+
+SOP_API CUresult CUDAAPI
+stream_destroy_v1(CUstream hStream)
+{
+	DESTROYING(FORWARD(cuStreamDestroy_v1, hStream));
+}
+
+SOP_API CUresult CUDAAPI
+cuCtxDestroy(CUcontext ctx)
+{
+	DESTROYING(FORWARD(cuCtxDestroy_v2, ctx));
+}
+
+SOP_API CUresult CUDAAPI
+ctx_destroy_v1(CUcontext ctx)
+{
+	DESTROYING(FORWARD(cuCtxDestroy_v1, ctx));
+}
+
+/* The primary context goes with its last release, and with a reset. */
+SOP_API CUresult CUDAAPI
+cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+	DESTROYING(FORWARD(cuDevicePrimaryCtxRelease_v2, dev));
+}
+
+SOP_API CUresult CUDAAPI
+primary_release_v1(CUdevice dev)
+{
+	DESTROYING(FORWARD(cuDevicePrimaryCtxRelease_v1, dev));
+}
+
+SOP_API CUresult CUDAAPI
+cuDevicePrimaryCtxReset(CUdevice dev)
+{
+	DESTROYING(FORWARD(cuDevicePrimaryCtxReset_v2, dev));
+}
+
+SOP_API CUresult CUDAAPI
+primary_reset_v1(CUdevice dev)
+{
+	DESTROYING(FORWARD(cuDevicePrimaryCtxReset_v1, dev));
+}
+
+SOP_API CUresult CUDAAPI
+cuGreenCtxDestroy(CUgreenCtx hCtx)
+{
+	DESTROYING(FORWARD(cuGreenCtxDestroy, hCtx));
 }
 
 SOP_API CUresult CUDAAPI
@@ -1201,6 +1292,14 @@ static const struct {
 	{"cuStreamWaitEvent", (fn_t)cuStreamWaitEvent},
 	{"cuStreamWaitEvent_ptsz", (fn_t)cuStreamWaitEvent_ptsz},
 	{"cuStreamDestroy_v2", (fn_t)cuStreamDestroy},
+	{"cuStreamDestroy", (fn_t)stream_destroy_v1},
+	{"cuCtxDestroy_v2", (fn_t)cuCtxDestroy},
+	{"cuCtxDestroy", (fn_t)ctx_destroy_v1},
+	{"cuDevicePrimaryCtxRelease_v2", (fn_t)cuDevicePrimaryCtxRelease},
+	{"cuDevicePrimaryCtxRelease", (fn_t)primary_release_v1},
+	{"cuDevicePrimaryCtxReset_v2", (fn_t)cuDevicePrimaryCtxReset},
+	{"cuDevicePrimaryCtxReset", (fn_t)primary_reset_v1},
+	{"cuGreenCtxDestroy", (fn_t)cuGreenCtxDestroy},
 	{"cuEventDestroy_v2", (fn_t)cuEventDestroy},
 	{"cuMemGetInfo_v2", (fn_t)cuMemGetInfo},
 	{"cuStreamBeginCapture", (fn_t)begin_capture_v1},
@@ -1256,9 +1355,16 @@ static const struct {
 	{"cuEventRecordWithFlags", 11010, (fn_t)cuEventRecordWithFlags,
 	 (fn_t)cuEventRecordWithFlags_ptsz},
 	{"cuStreamWaitEvent", 3020, (fn_t)cuStreamWaitEvent, (fn_t)cuStreamWaitEvent_ptsz},
-	/* Before 4000, the v1 entry points, which sop does not wrap. */
-	{"cuStreamDestroy", 2000, NULL, NULL},
+	{"cuStreamDestroy", 2000, (fn_t)stream_destroy_v1, NULL},
 	{"cuStreamDestroy", 4000, (fn_t)cuStreamDestroy, NULL},
+	{"cuCtxDestroy", 2000, (fn_t)ctx_destroy_v1, NULL},
+	{"cuCtxDestroy", 4000, (fn_t)cuCtxDestroy, NULL},
+	{"cuDevicePrimaryCtxRelease", 7000, (fn_t)primary_release_v1, NULL},
+	{"cuDevicePrimaryCtxRelease", 11000, (fn_t)cuDevicePrimaryCtxRelease, NULL},
+	{"cuDevicePrimaryCtxReset", 7000, (fn_t)primary_reset_v1, NULL},
+	{"cuDevicePrimaryCtxReset", 11000, (fn_t)cuDevicePrimaryCtxReset, NULL},
+	{"cuGreenCtxDestroy", 12040, (fn_t)cuGreenCtxDestroy, NULL},
+	/* Before 4000, the v1 entry point, which sop does not wrap. */
 	{"cuEventDestroy", 2000, NULL, NULL},
 	{"cuEventDestroy", 4000, (fn_t)cuEventDestroy, NULL},
 	/* Before 3020, the v1 entry point of 32-bit sizes, which sop does not wrap. */

@@ -820,7 +820,10 @@ sop_stream_destroy(CUstream stream)
 			sop__pools_stream_gone(st);
 		sop__unpin(pin);
 	}
-	return SOP_DRV(cuStreamDestroy)(stream);
+	sop__stream_destroying();
+	r = SOP_DRV(cuStreamDestroy)(stream);
+	sop__stream_destroying(); /* what was asked during the destroy is not remembered */
+	return r;
 }
 
 SOP_API CUresult

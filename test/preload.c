@@ -26,6 +26,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -428,6 +429,14 @@ static const struct lookup hooked_lookups[] = {
 	{"cuStreamWaitEvent", 3020, 0, "cuStreamWaitEvent"},
 	{"cuStreamWaitEvent", 7000, PTDS, "cuStreamWaitEvent_ptsz"},
 	{"cuStreamDestroy", 4000, 0, "cuStreamDestroy_v2"},
+	{"cuStreamDestroy", 2000, 0, "cuStreamDestroy"},
+	{"cuCtxDestroy", 2000, 0, "cuCtxDestroy"},
+	{"cuCtxDestroy", 4000, 0, "cuCtxDestroy_v2"},
+	{"cuDevicePrimaryCtxRelease", 7000, 0, "cuDevicePrimaryCtxRelease"},
+	{"cuDevicePrimaryCtxRelease", 11000, 0, "cuDevicePrimaryCtxRelease_v2"},
+	{"cuDevicePrimaryCtxReset", 7000, 0, "cuDevicePrimaryCtxReset"},
+	{"cuDevicePrimaryCtxReset", 11000, 0, "cuDevicePrimaryCtxReset_v2"},
+	{"cuGreenCtxDestroy", 12040, 0, "cuGreenCtxDestroy"},
 	{"cuEventDestroy", 4000, 0, "cuEventDestroy_v2"},
 	{"cuGetProcAddress", 11030, 0, "cuGetProcAddress"},
 	{"cuGetProcAddress", 11030, PTDS, "cuGetProcAddress"},
@@ -551,6 +560,142 @@ test_proc_address(void)
 	OK(cuStreamSynchronize(s1));
 	driver_pools_untouched();
 	printf("cuGetProcAddress: ok\n");
+}
+
+/* ---- Who a stream is, without asking ---------------------------------------------------------- */
+
+typedef CUresult (*stream_destroy_fn)(CUstream);
+typedef CUresult (*ctx_destroy_fn)(CUcontext);
+typedef CUresult (*primary_fn)(CUdevice);
+typedef CUresult (*green_destroy_fn)(CUgreenCtx);
+
+static atomic_int gate_open;
+
+static void CUDA_CB
+gate_fn(void *arg)
+{
+	(void)arg;
+	while (!atomic_load(&gate_open))
+		usleep(100);
+}
+
+/* An allocation and a free on s, and how many times sop asked the driver who s is for them. */
+static unsigned long long
+asked_for_pair(CUstream s)
+{
+	unsigned long long before = sop_calls("cuStreamGetId");
+	CUdeviceptr p;
+
+	OK(cuMemAllocAsync(&p, 4096, s));
+	OK(cuMemFreeAsync(p, s));
+	return sop_calls("cuStreamGetId") - before;
+}
+
+/* *s, which sop knows without asking, destroyed by destroy and made again, most likely with the
+ * same handle: the next pair on the new *s asks who it is, once. The simulated driver has no v1
+ * entry points, which the interposer's then cannot reach: there *s goes the usual way. */
+static void
+destroyed_by(stream_destroy_fn destroy, CUstream *s)
+{
+	EQ(asked_for_pair(*s), 0);
+	if (destroy(*s) != CUDA_SUCCESS) {
+		CHECK(sim);
+		OK(cuStreamDestroy(*s));
+	}
+	OK(cuStreamCreate(s, CU_STREAM_NON_BLOCKING));
+	EQ(asked_for_pair(*s), 1);
+	EQ(asked_for_pair(*s), 0);
+}
+
+/* Under the interposer every call that destroys streams goes through sop, so a thread's last
+ * stream is known without asking the driver while none is destroyed: a same-stream pair makes
+ * no driver call at all. Each way a program can destroy a stream or a context makes the next
+ * call ask again (here with arguments the driver refuses, or a stream of no use: the report
+ * comes whatever the driver answers), and a destroyed stream's handle, which the driver gives to
+ * the next stream at once, names a new stream for sop: it never hands that stream the memory the
+ * destroyed one freed while its work still ran. */
+static void
+test_stream_memo(void)
+{
+	const char *stream_syms[] = {"cuStreamDestroy", "cuStreamDestroy_v2"};
+	const char *ctx_syms[] = {"cuCtxDestroy", "cuCtxDestroy_v2"};
+	const char *primary_syms[] = {"cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2",
+				      "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2"};
+	static const struct {
+		const char *name;
+		int version, kind; /* 0 stream, 1 context, 2 primary context */
+	} procs[] = {{"cuStreamDestroy", 2000, 0},         {"cuStreamDestroy", 4000, 0},
+		     {"cuCtxDestroy", 2000, 1},            {"cuCtxDestroy", 4000, 1},
+		     {"cuDevicePrimaryCtxRelease", 7000, 2}, {"cuDevicePrimaryCtxRelease", 11000, 2},
+		     {"cuDevicePrimaryCtxReset", 7000, 2},   {"cuDevicePrimaryCtxReset", 11000, 2}};
+	CUdriverProcAddressQueryResult status;
+	CUstream s, again;
+	CUdeviceptr p, q;
+	size_t i;
+	void *fn;
+	int k;
+
+	OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	(void)asked_for_pair(s);
+	for (k = 0; k < 100; k++)
+		EQ(asked_for_pair(s), 0);
+
+	/* Each way, by symbol (the program's own calls resolve to the interposer's) and by
+	 * cuGetProcAddress. */
+	for (i = 0; i < sizeof stream_syms / sizeof stream_syms[0]; i++) {
+		fn = dlsym(RTLD_DEFAULT, stream_syms[i]);
+		CHECK(in_preload(fn, stream_syms[i]));
+		destroyed_by(AS_FN(stream_destroy_fn, fn), &s);
+	}
+	for (i = 0; i < sizeof ctx_syms / sizeof ctx_syms[0]; i++) {
+		fn = dlsym(RTLD_DEFAULT, ctx_syms[i]);
+		CHECK(in_preload(fn, ctx_syms[i]));
+		CHECK(AS_FN(ctx_destroy_fn, fn)(NULL) != CUDA_SUCCESS);
+		EQ(asked_for_pair(s), 1);
+	}
+	for (i = 0; i < sizeof primary_syms / sizeof primary_syms[0]; i++) {
+		fn = dlsym(RTLD_DEFAULT, primary_syms[i]);
+		CHECK(in_preload(fn, primary_syms[i]));
+		CHECK(AS_FN(primary_fn, fn)(9999) != CUDA_SUCCESS);
+		EQ(asked_for_pair(s), 1);
+	}
+	fn = dlsym(RTLD_DEFAULT, "cuGreenCtxDestroy");
+	CHECK(in_preload(fn, "cuGreenCtxDestroy"));
+	CHECK(AS_FN(green_destroy_fn, fn)(NULL) != CUDA_SUCCESS);
+	EQ(asked_for_pair(s), 1);
+	for (i = 0; i < sizeof procs / sizeof procs[0]; i++) {
+		fn = NULL;
+		OK(cuGetProcAddress(procs[i].name, &fn, procs[i].version, 0, &status));
+		CHECK(in_preload(fn, NULL));
+		if (procs[i].kind == 0) {
+			destroyed_by(AS_FN(stream_destroy_fn, fn), &s);
+			continue;
+		}
+		if (procs[i].kind == 1)
+			CHECK(AS_FN(ctx_destroy_fn, fn)(NULL) != CUDA_SUCCESS);
+		else
+			CHECK(AS_FN(primary_fn, fn)(9999) != CUDA_SUCCESS);
+		EQ(asked_for_pair(s), 1);
+	}
+
+	/* A busy stream destroyed, its handle at once a new stream's. */
+	atomic_store(&gate_open, 0);
+	OK(cuLaunchHostFunc(s, gate_fn, NULL));
+	OK(cuMemAllocAsync(&p, 1 << 20, s));
+	OK(cuMemFreeAsync(p, s)); /* behind the gate */
+	OK(cuStreamDestroy(s));
+	OK(cuStreamCreate(&again, CU_STREAM_NON_BLOCKING));
+	if (sim)
+		CHECK(again == s); /* as the driver does */
+	OK(cuMemAllocAsync(&q, 1 << 20, again));
+	CHECK(q != p);
+	atomic_store(&gate_open, 1);
+	OK(cuStreamSynchronize(again));
+	OK(cuMemFreeAsync(q, again));
+	OK(cuStreamSynchronize(again));
+	OK(cuStreamDestroy(again));
+	OK(cuCtxSynchronize());
+	printf("stream identity: ok\n");
 }
 
 /* ---- cuMemGetInfo under a memory limit ------------------------------------------------------ */
@@ -1318,6 +1463,7 @@ main(int argc, char **argv)
 	test_pools();
 	test_meminfo();
 	test_no_context();
+	test_stream_memo();
 	test_fork(argv[0]);
 	/* sop's own calls to the driver never came back through the interposer: it resolved its
 	 * table from the driver (the count is of its calls, every one of which reached it). */
