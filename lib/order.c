@@ -66,17 +66,54 @@ static CUresult stream_capture_check(CUstream stream);
 /* Under the interposer every call that destroys a stream, or a context with its streams, goes
  * through sop (sop_stream_destroy, or the interposer's hooks of the context calls), which counts
  * them before and after the driver's call. While that count stands still, no handle has changed
- * hands: the handle a thread last asked about names the stream it named then, and its id is
- * known without asking. One entry a thread: a thread mostly allocates on one stream. Without the
- * interposer a program may destroy a stream behind sop's back, and every call asks. */
+ * hands: the handles a thread last asked about name the streams they named then, and their ids
+ * are known without asking. A few a thread, the latest first: a thread allocates on one stream
+ * or two (a compute stream and a copy stream) and frees on those. Without the interposer a
+ * program may destroy a stream behind sop's back, and every call asks. */
 static atomic_bool destroys_watched;
 static _Atomic uint64_t destroys;
 
+#define ID_MEMOS 4
 struct id_memo {
 	CUstream handle;
 	uint64_t id, destroys;
 };
-static __thread struct id_memo id_memo;
+static __thread struct id_memo id_memo[ID_MEMOS];
+
+/* The id remembered for handle while destroys stood at seen, if any (moved to the front). */
+static bool
+id_recall(CUstream handle, uint64_t seen, uint64_t *id)
+{
+	struct id_memo m;
+	int i;
+
+	for (i = 0; i < ID_MEMOS; i++)
+		if (id_memo[i].handle == handle)
+			break;
+	if (i == ID_MEMOS || id_memo[i].destroys != seen)
+		return false;
+	m = id_memo[i];
+	for (; i > 0; i--)
+		id_memo[i] = id_memo[i - 1];
+	id_memo[0] = m;
+	*id = m.id;
+	return true;
+}
+
+/* Remember handle's id, asked while destroys stood at seen, in front of the others (the least
+ * recent one, or handle's own older entry, goes). */
+static void
+id_remember(CUstream handle, uint64_t id, uint64_t seen)
+{
+	int i;
+
+	for (i = 0; i < ID_MEMOS - 1; i++)
+		if (id_memo[i].handle == handle)
+			break;
+	for (; i > 0; i--)
+		id_memo[i] = id_memo[i - 1];
+	id_memo[0] = (struct id_memo){handle, id, seen};
+}
 
 void
 sop__stream_destroys_watch(void)
@@ -109,15 +146,13 @@ sop__stream_id(CUstream stream, uint64_t *id)
 		/* Read before the driver is asked: a destroy that overlaps the question leaves the
 		 * answer unremembered. */
 		seen = atomic_load_explicit(&destroys, memory_order_acquire);
-		if (id_memo.handle == stream && id_memo.destroys == seen) {
-			*id = id_memo.id;
+		if (SOP_LIKELY(id_recall(stream, seen, id)))
 			return CUDA_SUCCESS;
-		}
 	}
 	r = SOP_DRV(cuStreamGetId)(stream, &v);
 	if (SOP_LIKELY(r == CUDA_SUCCESS)) {
 		if (memo)
-			id_memo = (struct id_memo){stream, v, seen};
+			id_remember(stream, v, seen);
 		*id = v;
 		return CUDA_SUCCESS;
 	}

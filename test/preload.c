@@ -608,8 +608,8 @@ destroyed_by(stream_destroy_fn destroy, CUstream *s)
 }
 
 /* Under the interposer every call that destroys streams goes through sop, so a thread's last
- * stream is known without asking the driver while none is destroyed: a same-stream pair makes
- * no driver call at all. Each way a program can destroy a stream or a context makes the next
+ * streams are known without asking the driver while none is destroyed: a same-stream pair makes
+ * no driver call at all, nor do pairs that alternate between two streams. Each way a program can destroy a stream or a context makes the next
  * call ask again (here with arguments the driver refuses, or a stream of no use: the report
  * comes whatever the driver answers), and a destroyed stream's handle, which the driver gives to
  * the next stream at once, names a new stream for sop: it never hands that stream the memory the
@@ -639,6 +639,15 @@ test_stream_memo(void)
 	(void)asked_for_pair(s);
 	for (k = 0; k < 100; k++)
 		EQ(asked_for_pair(s), 0);
+	/* A thread that goes back and forth between streams (compute and copy). */
+	OK(cuStreamCreate(&again, CU_STREAM_NON_BLOCKING));
+	EQ(asked_for_pair(again), 1);
+	for (k = 0; k < 100; k++) {
+		EQ(asked_for_pair(s), 0);
+		EQ(asked_for_pair(again), 0);
+	}
+	OK(cuStreamDestroy(again));
+	EQ(asked_for_pair(s), 1);
 
 	/* Each way, by symbol (the program's own calls resolve to the interposer's) and by
 	 * cuGetProcAddress. */
