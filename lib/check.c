@@ -23,8 +23,6 @@
 		}                                                                                  \
 	} while (0)
 
-/* Check one set of bins; every block in it must satisfy want_state (and owner, if given).
- * Returns 0 or the failing line. */
 /* A stream's spare descriptors: n_spare of them, the last one spare_last. Stream lock held. */
 static int
 spares_check(const struct sop__sstream *ss)
@@ -42,6 +40,8 @@ out:
 	return line;
 }
 
+/* Check one set of bins; every block in it must satisfy want_state (and owner, if given).
+ * Returns 0 or the failing line. */
 static int
 bins_check(struct sop__bins *bins, enum sop__state want_state, struct sop__sstream *owner)
 {

@@ -127,7 +127,7 @@ sop__preload_dlsym(void *handle, const char *name)
 	X(PFN_cuStreamWaitEvent_v3020, cuStreamWaitEvent, "cuStreamWaitEvent")                     \
 	X(PFN_cuStreamWaitEvent_v7000_ptsz, cuStreamWaitEvent_ptsz, "cuStreamWaitEvent_ptsz")      \
 	X(PFN_cuStreamDestroy_v4000, cuStreamDestroy_v2, "cuStreamDestroy_v2")                     \
-	X(destroy_v1_fn, cuStreamDestroy_v1, "cuStreamDestroy")                                     \
+	X(stream_v1_fn, cuStreamDestroy_v1, "cuStreamDestroy")                                     \
 	X(PFN_cuCtxDestroy_v4000, cuCtxDestroy_v2, "cuCtxDestroy_v2")                              \
 	X(ctx_destroy_v1_fn, cuCtxDestroy_v1, "cuCtxDestroy")                                      \
 	X(PFN_cuDevicePrimaryCtxRelease_v11000, cuDevicePrimaryCtxRelease_v2,                       \
@@ -141,8 +141,8 @@ sop__preload_dlsym(void *handle, const char *name)
 	X(PFN_cuCtxGetCurrent_v4000, cuCtxGetCurrent, "cuCtxGetCurrent")                          \
 	X(PFN_cuCtxGetDevice_v2000, cuCtxGetDevice, "cuCtxGetDevice")                             \
 	X(PFN_cuMemGetInfo_v3020, cuMemGetInfo_v2, "cuMemGetInfo_v2")                             \
-	X(begin_capture_v1_fn, cuStreamBeginCapture_v1, "cuStreamBeginCapture")                    \
-	X(begin_capture_v1_fn, cuStreamBeginCapture_v1_ptsz, "cuStreamBeginCapture_ptsz")          \
+	X(stream_v1_fn, cuStreamBeginCapture_v1, "cuStreamBeginCapture")                           \
+	X(stream_v1_fn, cuStreamBeginCapture_v1_ptsz, "cuStreamBeginCapture_ptsz")                 \
 	X(PFN_cuStreamBeginCapture_v10010, cuStreamBeginCapture_v2, "cuStreamBeginCapture_v2")     \
 	X(PFN_cuStreamBeginCapture_v10010_ptsz, cuStreamBeginCapture_v2_ptsz,                      \
 	  "cuStreamBeginCapture_v2_ptsz")                                                          \
@@ -157,10 +157,9 @@ sop__preload_dlsym(void *handle, const char *name)
 	X(PFN_cuPointerGetAttributes_v7000, cuPointerGetAttributes, "cuPointerGetAttributes")      \
 	X(PFN_cuMemFree_v3020, cuMemFree_v2, "cuMemFree_v2")
 
-/* CUDA 10.0's cuStreamBeginCapture, without a mode: cudaTypedefs.h keeps its type internal. */
-typedef CUresult(CUDAAPI *begin_capture_v1_fn)(CUstream hStream);
-/* The v1 entry points of the calls that destroy streams, whose types it keeps internal too. */
-typedef CUresult(CUDAAPI *destroy_v1_fn)(CUstream hStream);
+/* v1 entry points whose types cudaTypedefs.h keeps internal: CUDA 10.0's cuStreamBeginCapture,
+ * without a mode, and cuStreamDestroy; cuCtxDestroy; cuDevicePrimaryCtxRelease and Reset. */
+typedef CUresult(CUDAAPI *stream_v1_fn)(CUstream hStream);
 typedef CUresult(CUDAAPI *ctx_destroy_v1_fn)(CUcontext ctx);
 typedef CUresult(CUDAAPI *primary_v1_fn)(CUdevice dev);
 
@@ -925,7 +924,7 @@ cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags)
  * stream was destroyed (order.c): every call that destroys one is taken here and reported before
  * and after the driver's call, the v1 entry points of old binaries too. */
 
-/* The driver's call f, reported as a destroy of streams. */
+/* The driver's call, reported as a destroy of streams before and after it. */
 #define DESTROYING(call)                                                                           \
 	do {                                                                                       \
 		CUresult r_;                                                                       \
@@ -950,54 +949,19 @@ SOP_API CUresult CUDAAPI ctx_destroy_v1(CUcontext ctx) __asm__("cuCtxDestroy");
 SOP_API CUresult CUDAAPI primary_release_v1(CUdevice dev) __asm__("cuDevicePrimaryCtxRelease");
 SOP_API CUresult CUDAAPI primary_reset_v1(CUdevice dev) __asm__("cuDevicePrimaryCtxReset");
 
-SOP_API CUresult CUDAAPI
-stream_destroy_v1(CUstream hStream)
-{
-	DESTROYING(FORWARD(cuStreamDestroy_v1, hStream));
-}
+/* A hook that reports fn's call as a destroy and passes it on to the driver's member. */
+#define DESTROY_HOOK(fn, type, member)                                                             \
+	SOP_API CUresult CUDAAPI fn(type arg) { DESTROYING(FORWARD(member, arg)); }
 
-SOP_API CUresult CUDAAPI
-cuCtxDestroy(CUcontext ctx)
-{
-	DESTROYING(FORWARD(cuCtxDestroy_v2, ctx));
-}
-
-SOP_API CUresult CUDAAPI
-ctx_destroy_v1(CUcontext ctx)
-{
-	DESTROYING(FORWARD(cuCtxDestroy_v1, ctx));
-}
-
+DESTROY_HOOK(stream_destroy_v1, CUstream, cuStreamDestroy_v1)
+DESTROY_HOOK(cuCtxDestroy, CUcontext, cuCtxDestroy_v2)
+DESTROY_HOOK(ctx_destroy_v1, CUcontext, cuCtxDestroy_v1)
 /* The primary context goes with its last release, and with a reset. */
-SOP_API CUresult CUDAAPI
-cuDevicePrimaryCtxRelease(CUdevice dev)
-{
-	DESTROYING(FORWARD(cuDevicePrimaryCtxRelease_v2, dev));
-}
-
-SOP_API CUresult CUDAAPI
-primary_release_v1(CUdevice dev)
-{
-	DESTROYING(FORWARD(cuDevicePrimaryCtxRelease_v1, dev));
-}
-
-SOP_API CUresult CUDAAPI
-cuDevicePrimaryCtxReset(CUdevice dev)
-{
-	DESTROYING(FORWARD(cuDevicePrimaryCtxReset_v2, dev));
-}
-
-SOP_API CUresult CUDAAPI
-primary_reset_v1(CUdevice dev)
-{
-	DESTROYING(FORWARD(cuDevicePrimaryCtxReset_v1, dev));
-}
-
-SOP_API CUresult CUDAAPI
-cuGreenCtxDestroy(CUgreenCtx hCtx)
-{
-	DESTROYING(FORWARD(cuGreenCtxDestroy, hCtx));
-}
+DESTROY_HOOK(cuDevicePrimaryCtxRelease, CUdevice, cuDevicePrimaryCtxRelease_v2)
+DESTROY_HOOK(primary_release_v1, CUdevice, cuDevicePrimaryCtxRelease_v1)
+DESTROY_HOOK(cuDevicePrimaryCtxReset, CUdevice, cuDevicePrimaryCtxReset_v2)
+DESTROY_HOOK(primary_reset_v1, CUdevice, cuDevicePrimaryCtxReset_v1)
+DESTROY_HOOK(cuGreenCtxDestroy, CUgreenCtx, cuGreenCtxDestroy)
 
 SOP_API CUresult CUDAAPI
 cuEventDestroy(CUevent hEvent)

@@ -736,8 +736,9 @@ struct sop_pool {
 	 * stream grew the pool while another held enough memory not known complete. */
 	atomic_uint starved;
 	/* Some thread has waited for a segment's lock, or for the pool lock where a request takes
-	 * it (sop__pool_lock_noting): streams of this pool run on several threads at once, and the slow path keeps each
-	 * one's memory in segments of its own. Until then it places by best fit alone. */
+	 * it (sop__pool_lock_noting): streams of this pool run on several threads at once, and the
+	 * slow path keeps each one's memory in segments of its own. Until then it places by best
+	 * fit alone. */
 	atomic_bool threads_met;
 	_Atomic uint64_t release_threshold;
 	_Atomic uint64_t reserved, reserved_high;
