@@ -9,8 +9,8 @@
 #include "internal.h"
 
 /* A synchronization call returned: frees on each stream up to its marked epoch have
- * completed. Give them to the heap in every pool, apply the release thresholds, and finish the
- * teardown of destroyed pools. */
+ * completed. Give them to the heap in every pool, apply the release thresholds, fold the
+ * used-memory watermarks, and finish the teardown of destroyed pools. */
 struct sync_mark {
 	struct sop__stream *st;
 	uint64_t epoch;
@@ -92,6 +92,10 @@ sync_complete(const struct sync_mark *marks, size_t n, bool retire)
 				}
 		if (retire && pool->n_streams > 16)
 			sop__sstream_retire_idle(pool);
+		/* Fold the used-memory shards into the watermark: it sums their highs since the
+		 * last fold, which streams that come and go, each synchronized at its end, would
+		 * otherwise add up task after task (sop__pool_used). */
+		sop__pool_used(pool, true);
 		atomic_store(&pool->pressure, false);
 		sop__pool_apply_threshold(pool);
 		if (!sop__pool_reap(pool))

@@ -2,7 +2,8 @@
  * free call; writing 0 to a watermark resets it to the current value; reserved memory is the
  * physical memory held, in pieces of at least a 32 MiB step, or what a request needs beyond the
  * free memory next to it. Free extents count free and pending memory alike, the largest the
- * longest contiguous run of it. */
+ * longest contiguous run of it. The used-memory watermark stays near the true peak when streams
+ * come and go, each synchronized at its end. */
 #include "helpers.h"
 
 #define MiB ((size_t)1 << 20)
@@ -50,6 +51,36 @@ free_extents(CUstream s)
 	TH_EQ(l, 7);
 	TH_EQ(t, 7);
 	TH_OK(sop_stream_synchronize(s));
+	TH_OK(sop_pool_destroy(pool));
+}
+
+/* A stream per task, one after another: 4 MiB live in each, freed, synchronized, destroyed.
+ * The true peak is 4 MiB. The watermark sums the streams' own highs since it last folded them;
+ * folded only when read, it reported every task's high added up (800 MiB here, and 200 GiB for
+ * sixteen threads running tasks for half a second on the H100). A synchronization folds the pool
+ * of the stream it covers, whose high is then its present use. */
+static void
+watermark_tasks(void)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	uint64_t max = UINT64_MAX;
+	void *p[4];
+	int t, i;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &max));
+	for (t = 0; t < 200; t++) {
+		CUstream s = th_stream();
+
+		for (i = 0; i < 4; i++)
+			TH_OK(sop_malloc_from_pool_async(&p[i], MiB, pool, s));
+		for (i = 0; i < 4; i++)
+			TH_OK(sop_free_async(p[i], s));
+		TH_OK(sop_stream_synchronize(s));
+		th_stream_destroy(s);
+	}
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH), 4 * MiB);
+	TH_CHECK(pool);
 	TH_OK(sop_pool_destroy(pool));
 }
 
@@ -127,6 +158,7 @@ main(void)
 	TH_OK(sop_pool_destroy(pool));
 	free_extents(s);
 	th_stream_destroy(s);
+	watermark_tasks();
 	printf("stats: ok\n");
 	return 0;
 }
