@@ -844,7 +844,9 @@ sop__probe_all_frees(struct sop__stream *st, CUstream handle)
 {
 	uint64_t last = atomic_load_explicit(&st->last_free, memory_order_relaxed);
 
-	if (atomic_load(&st->newest) < last)
+	/* Nothing to cover where a synchronization or a probe has shown every free complete: a
+	 * task's stream, synchronized and then destroyed, gets no probe event at its end. */
+	if (atomic_load(&st->newest) < last && atomic_load(&st->done) < last)
 		probe_if_uncovered(st, handle, last, true);
 }
 
