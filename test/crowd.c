@@ -11,8 +11,8 @@
  * each thread N streams in turn, one after the other; --keep N leaves a thread's first N blocks
  * allocated when its stream goes (freed with sop_free once the round is over); --no-sync
  * destroys the streams without synchronizing them. Each round prints the pool's
- * reserved-high, the live peak (sampled: the pool's own used-high adds the peaks of streams
- * that never lived at the same time), their ratio, the pieces mapped, the free memory and the
+ * reserved-high, the live peak (sampled: the pool's own used-high may add the peaks of streams
+ * that did not peak at the same time, since the last synchronization), their ratio, the pieces mapped, the free memory and the
  * throughput. With --check it fails when reserved-high passes twice the live peak plus a growth
  * step. --seeds N runs seeds 1..N, a fresh pool each.
  *
