@@ -570,6 +570,7 @@ sop__stream_of(CUstream stream, uint64_t id, bool hold, struct sop__stream **out
 	}
 	st->id = id;
 	st->gen = atomic_fetch_add(&next_gen, 1);
+	st->born_ns = sop__now_ns();
 	atomic_init(&st->epoch, 1);
 	atomic_init(&st->used, true);
 	pthread_mutex_init(&st->lock, NULL);
@@ -745,6 +746,8 @@ sop__stream_mark(struct sop__stream *st)
 
 /* One probe every this many frees on a stream, or sooner (see sop__stream_after_free). */
 #define PROBE_EVERY 64
+/* A stream gets probes by count only once sop has known it this long (young_no_more). */
+#define PROBE_AGE_NS 1000000
 
 /* Record the next probe on st, which handle names in the current call (checked by the caller).
  * st's lock held. */
@@ -786,6 +789,22 @@ probe_record(struct sop__stream *st, CUstream handle)
 	return CUDA_SUCCESS;
 }
 
+/* Whether st is old enough for probes by count. A thread pool whose tasks each make a stream,
+ * free on it, synchronize and destroy it within a millisecond has no use for them (the
+ * synchronization shows every free complete), and event records on streams that come and go
+ * slow the driver's creation and destruction of streams on every thread: five records a task
+ * held sixteen threads on the H100 to 3.5-4.6 M pairs/s where one record a task let them run
+ * at 6.6-8.2 (with 8 MiB refills, reuse.c). What others need of a young stream they still get:
+ * the first free's probe, every free's while the pool is full, and one before a growth or
+ * after another stream starved (reuse.c). */
+static bool
+young_no_more(const struct sop__stream *st, unsigned since)
+{
+	/* Past PROBE_EVERY frees a young stream asks the clock every 16th free, not at each. */
+	return (since == PROBE_EVERY || since % 16 == 0) &&
+	       sop__now_ns() - st->born_ns >= PROBE_AGE_NS;
+}
+
 /* Record a probe unless one recorded since covers seq. With checked false, the caller has not
  * asked the driver who handle is in this call (a free on the stream that allocated the block,
  * stream.c): ask now, so that a probe never lands on a new stream that took a destroyed
@@ -824,7 +843,7 @@ sop__stream_after_free(struct sop__stream *st, CUstream handle, uint64_t seq, bo
 	 * never trigger this: they would turn every free into a probe. */
 	due = pressure       /* a full pool: cover every free, for internal dependencies */
 	      || !newest     /* never probed: the first free gets one */
-	      || since >= PROBE_EVERY ||
+	      || (since >= PROBE_EVERY && young_no_more(st, since)) ||
 	      (atomic_load_explicit(&st->done, memory_order_relaxed) >= newest &&
 	       atomic_load_explicit(&st->epoch, memory_order_relaxed) > newest + 1);
 	if (due)

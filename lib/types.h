@@ -437,6 +437,8 @@ struct sop__stream {
 	_Atomic uint64_t newest;  /* epoch of the newest probe, 0 if none */
 	_Atomic uint64_t last_free; /* the tag of the latest free on it, in any pool */
 	atomic_uint frees_since;  /* frees since the last probe */
+	uint64_t born_ns;         /* when sop first saw it (sop__now_ns): young streams get no
+				   * probes by count (sop__stream_after_free) */
 	_Atomic uint64_t next_poll_ns; /* do not query running probes again before this */
 	pthread_mutex_t lock;     /* probes, deps and claims */
 	struct sop__probe probe[SOP_PROBES];
