@@ -801,7 +801,7 @@ static bool
 young_no_more(const struct sop__stream *st, unsigned since)
 {
 	/* Past PROBE_EVERY frees a young stream asks the clock every 16th free, not at each. */
-	return (since == PROBE_EVERY || since % 16 == 0) &&
+	return since % 16 == 0 &&
 	       sop__now_ns() - st->born_ns >= PROBE_AGE_NS;
 }
 
