@@ -40,6 +40,29 @@ out:
 	return line;
 }
 
+/* The pool's chains of spare descriptors: each as long as it says, ending at its tail, every
+ * descriptor in it dead. Pool lock held. */
+static int
+chains_check(const struct sop_pool *pool)
+{
+	unsigned i, n;
+	int line = 0;
+
+	CHECK(pool->n_chains <= SOP_SPARE_CHAINS);
+	for (i = 0; i < pool->n_chains; i++) {
+		const struct sop__spare_chain *c = &pool->chains[i];
+		const struct sop__block *b, *last = NULL;
+
+		for (b = c->head, n = 0; b && n <= c->n; b = b->free_next, n++) {
+			CHECK(sop__block_state(b) == SOP_BLOCK_DEAD);
+			last = b;
+		}
+		CHECK(n == c->n && last == c->tail);
+	}
+out:
+	return line;
+}
+
 /* Check one set of bins; every block in it must satisfy want_state (and owner, if given).
  * Returns 0 or the failing line. */
 static int
@@ -215,6 +238,7 @@ sop__pool_check(struct sop_pool *pool)
 			goto out;
 	}
 	CHECK(n_cached == n_cached_streams);
+	line = chains_check(pool);
 out:
 	pthread_mutex_unlock(&pool->lock);
 	return line;

@@ -32,21 +32,42 @@ sstream_new(struct sop_pool *pool, uint64_t id, struct sop__stream *st)
 
 	if (pool->n_streams >= pool->retire_at)
 		sop__sstream_retire_idle(pool);
-	ss = calloc(1, sizeof *ss);
+	ss = aligned_alloc(_Alignof(struct sop__sstream), sizeof *ss);
 	if (!ss)
 		return NULL;
+	memset(ss, 0, sizeof *ss);
 	ss->pool = pool;
 	ss->id = id;
 	ss->st = st;
 	ss->active = true; /* about to be used: not for the next retirement pass */
 	ss->next = pool->streams;
-	pool->streams = ss;
+	__atomic_store_n(&pool->streams, ss, __ATOMIC_RELEASE); /* sstream_find_unlocked */
 	pool->n_streams++;
 	sop__stream_pool_add(st, pool->handle);
 	return ss;
 }
 
-/* The pool's state for the stream with this id, made if the pool has none. */
+/* The pool's state for the stream with this id, found without the pool lock, or NULL (then
+ * the caller looks under it). Each idle pass that retires a state makes every thread look its
+ * own states up again (states_gen), and sixteen threads whose tasks each make a stream did
+ * that under the pool lock nearly once a task on the H100, walking states whose lines their
+ * threads were writing. A state retired while this walks keeps its memory until the call
+ * returns (pinned); one unlinked meanwhile may lead the walk into the retired ones, whose id
+ * is 0, and a state it misses is found under the lock. The caller checks the id under the
+ * state's lock, as for an entry of the thread's cache. */
+static struct sop__sstream *
+sstream_find_unlocked(struct sop_pool *pool, uint64_t id)
+{
+	struct sop__sstream *ss;
+
+	for (ss = __atomic_load_n(&pool->streams, __ATOMIC_ACQUIRE); ss;
+	     ss = __atomic_load_n(&ss->next, __ATOMIC_ACQUIRE))
+		if (__atomic_load_n(&ss->id, __ATOMIC_RELAXED) == id)
+			return ss;
+	return NULL;
+}
+
+/* The pool's state for the stream with this id, made if the pool has none. Pinned. */
 CUresult
 sop__sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id,
 		    struct sop__stream_ref *out)
@@ -55,6 +76,11 @@ sop__sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id,
 	struct sop__sstream *ss;
 	CUresult r;
 
+	if (!atomic_load(&pool->dead) && (ss = sstream_find_unlocked(pool, id))) {
+		out->ss = ss;
+		out->id = id;
+		return CUDA_SUCCESS;
+	}
 	r = sop__stream_of(stream, id, true, &st); /* the state will hold it */
 	if (r != CUDA_SUCCESS)
 		return r;
@@ -173,14 +199,14 @@ sop__sstream_retire_idle(struct sop_pool *pool)
 			pp = &ss->next;
 			continue;
 		}
-		ss->id = 0;
+		__atomic_store_n(&ss->id, 0, __ATOMIC_RELAXED);
 		sop__spares_return(pool, ss);
 		/* Its high since the last fold, for USED_MEM_HIGH (sop__pool_used). */
 		pool->retired_hw += ss->used_hw;
 		sop__lock_drop(&ss->lock);
-		*pp = ss->next;
+		__atomic_store_n(pp, ss->next, __ATOMIC_RELEASE);
 		pool->n_streams--;
-		ss->next = retired;
+		__atomic_store_n(&ss->next, retired, __ATOMIC_RELAXED);
 		retired = ss;
 	}
 	if (retired) {

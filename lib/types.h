@@ -509,10 +509,15 @@ sop__stream_in_pool(struct sop__stream *st, uint64_t pool)
  * or ss's lock is held over it: a block taken out for carving by another path first loses its
  * owner, so that the stream's own merging never reaches for a block that is in no bin. */
 struct sop__sstream {
-	struct sop__lock lock;
+	/* What walks of the pool's list read (finding a stream's state, synchronizations, idle
+	 * passes), on a line of its own: the stream's thread writes the lock and the cache on
+	 * every call, and sixteen threads walking twenty states each missed on every one. */
 	struct sop_pool *pool;
 	uint64_t id;            /* cuStreamGetId: unique for the process's lifetime; 0 once retired */
 	struct sop__stream *st; /* the stream's record (order.c) */
+	struct sop__sstream *next; /* pool->streams */
+	atomic_bool gone;          /* its stream is known to be destroyed (stream.c) */
+	_Alignas(64) struct sop__lock lock;
 	/* Used memory, sharded: bytes allocated on this stream and not yet freed, and the highest
 	 * value since the pool last folded the shards (sop__pool_used). used_local and used_hw change
 	 * only under the lock, so a same-stream allocation and free cost no atomic operation; a free
@@ -522,13 +527,11 @@ struct sop__sstream {
 	uint64_t last_seq; /* the tag of the latest free into the cache */
 	uint64_t flushed;  /* frees up to here have left the cache (pool lock) */
 	bool active;       /* allocated or freed on since the last retirement pass */
-	atomic_bool gone;  /* its stream is known to be destroyed (stream.c) */
 	struct sop__bins cache;
 	/* Descriptors for splitting and merging cached blocks under the stream's lock alone; the
 	 * last of them too, so that a retired state hands them all back at once (NULL when none). */
 	struct sop__block *spare, *spare_last;
 	unsigned n_spare;
-	struct sop__sstream *next; /* pool->streams */
 	struct sop__retired retired;
 };
 
@@ -658,6 +661,9 @@ struct sop__wire_answer {
 
 /* ---- Pools (pool.c) ---------------------------------------------------------------------- */
 
+/* Retired states' chains of spare descriptors a pool keeps whole (sop__spares_return). */
+#define SOP_SPARE_CHAINS 16
+
 /* The hot paths of many threads read the first group of a pool's fields on every call: they
  * must not lose its line each time the slow path writes the heap or the lock. */
 struct sop_pool {
@@ -703,9 +709,18 @@ struct sop_pool {
 	struct sop__bins heap;
 
 	struct sop__block *spare; /* descriptors not in use */
+	/* Retired states' spares, kept as the chains they were (sop__spares_return), so that a new
+	 * state takes a chain whole rather than walking descriptors long out of the cache. */
+	struct sop__spare_chain {
+		struct sop__block *head, *tail;
+		unsigned n;
+	} chains[SOP_SPARE_CHAINS];
+	unsigned n_chains;
 	void **slabs;
 	size_t n_slabs, cap_slabs;
 
+	/* Its stream states. Changed under the pool lock, with atomic stores where a lookup may
+	 * be walking it without the lock (sstream.c). */
 	struct sop__sstream *streams;
 	size_t n_streams, retire_at; /* a retirement pass when n_streams reaches retire_at */
 	int64_t retired_hw; /* the highs of states retired since the last fold (sop__pool_used) */
