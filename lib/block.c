@@ -195,7 +195,12 @@ sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__
 }
 
 #define SPARES_LOW 8
+#define SPARES_FILL 32
 #define SPARES_HIGH 64
+/* A chain of spares the pool keeps (sop__spares_return) holds at most as many as a state does:
+ * one that takes it whole, below SPARES_LOW, may hold up to SPARES_HIGH + SPARES_LOW until its
+ * merges shed them (spares_shed). */
+#define CHAIN_MAX SPARES_HIGH
 
 /* A descriptor was pushed onto ss's spares: the first of them is also the last. */
 static inline void
@@ -340,12 +345,15 @@ sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 void
 sop__spares_balance(struct sop_pool *pool, struct sop__sstream *ss)
 {
+	unsigned fill;
+
+	if (ss->n_spare >= SPARES_LOW)
+		goto trim;
 	/* A retired state's chain, whole: a new state takes one in its first request. Walking
 	 * the pool's spares for eight descriptors, each a miss on a line another thread wrote
 	 * last, cost sixteen threads whose tasks each make a stream a fifth of the time they held
 	 * the pool lock on the H100. */
-	if (ss->n_spare < SPARES_LOW && pool->n_chains &&
-	    ss->n_spare + pool->chains[pool->n_chains - 1].n <= SPARES_HIGH) {
+	if (pool->n_chains) {
 		struct sop__spare_chain *c = &pool->chains[--pool->n_chains];
 
 		c->tail->free_next = ss->spare;
@@ -354,7 +362,13 @@ sop__spares_balance(struct sop_pool *pool, struct sop__sstream *ss)
 		ss->spare = c->head;
 		ss->n_spare += c->n;
 	}
-	while (ss->n_spare < SPARES_LOW) {
+	/* Else from the pool's list: up to SPARES_FILL once threads have met in the pool, where
+	 * a state whose first requests split a block each ran out every eight and took the pool
+	 * lock again each time; eight before, so that a fresh pool's first allocation zeroes
+	 * one small slab (slab_blocks). */
+	fill = atomic_load_explicit(&pool->threads_met, memory_order_relaxed) ? SPARES_FILL
+									     : SPARES_LOW;
+	while (ss->n_spare < fill) {
 		struct sop__block *b = sop__block_new(pool);
 		if (!b)
 			return;
@@ -363,7 +377,8 @@ sop__spares_balance(struct sop_pool *pool, struct sop__sstream *ss)
 		ss->spare = b;
 		spare_pushed(ss);
 	}
-	while (ss->n_spare > SPARES_HIGH) {
+trim:
+	while (ss->n_spare > SPARES_HIGH + SPARES_LOW) {
 		struct sop__block *b = ss->spare;
 		ss->spare = b->free_next;
 		ss->n_spare--;
@@ -374,20 +389,35 @@ sop__spares_balance(struct sop_pool *pool, struct sop__sstream *ss)
 
 /* At once, through the last spare: walking up to SPARES_HIGH descriptors, long out of the
  * cache, took a retirement pass about a microsecond a state under the pool lock, where threads
- * whose tasks each make a stream retire a state per task. Kept as a chain while the pool has
- * room for one, for the next new state (sop__spares_balance). */
+ * whose tasks each make a stream retire a state per task. Kept as a chain of up to CHAIN_MAX,
+ * while the pool has room for one, for the next state that runs low (sop__spares_balance). */
 void
 sop__spares_return(struct sop_pool *pool, struct sop__sstream *ss)
 {
-	if (ss->spare && ss->n_spare >= SPARES_LOW && ss->n_spare <= SPARES_HIGH &&
-	    pool->n_chains < SOP_SPARE_CHAINS) {
-		struct sop__spare_chain *c = &pool->chains[pool->n_chains++];
+	struct sop__spare_chain *c = pool->n_chains ? &pool->chains[pool->n_chains - 1] : NULL;
 
+	if (!ss->spare || ss->n_spare > CHAIN_MAX) {
+		/* Below: to the pool's list. */
+	} else if (c && c->n + ss->n_spare <= CHAIN_MAX) {
+		/* Onto the newest chain: chains of a few descriptors ran out during the first
+		 * requests of the states that took them, each such time a slow path. */
+		ss->spare_last->free_next = c->head;
+		c->head = ss->spare;
+		c->n += ss->n_spare;
+		ss->spare = ss->spare_last = NULL;
+		ss->n_spare = 0;
+		return;
+	} else if (pool->n_chains < SOP_SPARE_CHAINS) {
+		c = &pool->chains[pool->n_chains++];
 		c->head = ss->spare;
 		c->tail = ss->spare_last;
 		c->n = ss->n_spare;
 		ss->spare_last->free_next = NULL;
-	} else if (ss->spare) {
+		ss->spare = ss->spare_last = NULL;
+		ss->n_spare = 0;
+		return;
+	}
+	if (ss->spare) {
 		ss->spare_last->free_next = pool->spare;
 		pool->spare = ss->spare;
 	}

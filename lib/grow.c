@@ -451,18 +451,24 @@ sop__heap_grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size,
 	return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-void
+bool
 sop__segments_disown(struct sop_pool *pool, const struct sop__sstream *ss, size_t used)
 {
 	struct sop__segment *seg;
 	size_t mapped = 0;
+	bool any = false;
 
 	for (seg = pool->segments; seg; seg = seg->next)
-		if (seg->home == ss)
+		if (seg->home == ss) {
 			mapped += seg->mapped;
+			any = true;
+		}
+	if (!any)
+		return true;
 	if (used >= mapped / 2)
-		return;
+		return false;
 	for (seg = pool->segments; seg; seg = seg->next)
 		if (seg->home == ss)
 			seg->home = NULL;
+	return true;
 }

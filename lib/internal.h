@@ -436,8 +436,8 @@ CUresult sop__heap_grow(struct sop_pool *pool, struct sop__sstream *ss, size_t s
 			struct sop__block **out, struct sop__sstream **from);
 /* Make the segments whose home is ss nobody's, if used (ss's live bytes) is less than half of
  * what they map (0: always): the rest is free memory that only ss would take while they are its.
- * Pool lock held. */
-void sop__segments_disown(struct sop_pool *pool, const struct sop__sstream *ss, size_t used);
+ * True when none is left whose home is ss. Pool lock held. */
+bool sop__segments_disown(struct sop_pool *pool, const struct sop__sstream *ss, size_t used);
 
 /* ---- order.c ----------------------------------------------------------------------------- */
 
@@ -562,6 +562,9 @@ size_t sop__events_live(void);
 
 /* The pool's state for a stream id, or NULL. Pool lock held. */
 struct sop__sstream *sop__sstream_find(struct sop_pool *pool, uint64_t id);
+/* The same without the pool lock, pinned: NULL also when a state is missed while the list
+ * changes (then look under the lock). Check the id under the state's lock before trusting it. */
+struct sop__sstream *sop__sstream_find_unlocked(struct sop_pool *pool, uint64_t id);
 /* The pool's state for the stream with this id, made if the pool has none (the
  * thread cache's miss); every cached block of a stream, gathered so the caller may change the
  * bins while it walks (stream lock held; NULL, *n = 0 when none or no host memory). */

@@ -319,6 +319,13 @@ cache_remove(struct sop__sstream *ss, struct sop__block *b)
 	return b;
 }
 
+/* A segment may have become ss's (struct sop__sstream). Pool lock held. */
+static void
+may_home(struct sop__sstream *ss)
+{
+	atomic_store_explicit(&ss->may_home, true, memory_order_relaxed);
+}
+
 /* Requests up to this size take heap memory from the stream's own segments first; larger ones
  * take the best fit wherever it is, since for them placement is what keeps the pool small. */
 #define HOME_MAX ((size_t)8 << 20)
@@ -353,8 +360,10 @@ heap_pick(struct sop_pool *pool, struct sop__sstream *ss, size_t size, bool *cro
 	    !atomic_load_explicit(&pool->threads_met, memory_order_relaxed))
 		return b;
 	h = sop__bins_scan(&pool->heap, size, &own, pick_own, ss);
-	if (!h && (h = sop__bins_scan(&pool->heap, size, &nobodys, pick_nobodys, ss)))
+	if (!h && (h = sop__bins_scan(&pool->heap, size, &nobodys, pick_nobodys, ss))) {
 		h->seg->home = ss;
+		may_home(ss);
+	}
 	if (h)
 		return h;
 	/* Only another stream's, as far as the search went. Once threads meet in the pool,
@@ -524,6 +533,7 @@ alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, 
 	if (b && crowded && affinity_affordable(pool)) {
 		/* Back first: growth may join the new memory with it. */
 		put_back(pool, b, from);
+		may_home(ss); /* growth homes new segments */
 		if (sop__heap_grow(pool, ss, size, &b, &from) != CUDA_SUCCESS)
 			b = best_take(pool, ss, size, &from, &crowded);
 	}
@@ -580,6 +590,7 @@ alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, 
 	 * pieces too small or too scattered to serve the request. */
 	if (!b) {
 		note_starved(pool, ss, size);
+		may_home(ss);
 		r = sop__heap_grow(pool, ss, size, &b, &from);
 		if (r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reserved)) {
 			/* 5. Idle pieces given back to make room for one that fits. */

@@ -24,39 +24,46 @@ sop__sstream_find(struct sop_pool *pool, uint64_t id)
 	return NULL;
 }
 
-/* A new state for the stream with this id, holding its record. Pool lock held. */
+/* Zeroed memory for a state, made before the pool lock is taken: a state is nearly 10 KiB
+ * (its cache's bins), and clearing it under the lock cost every other thread whose tasks each
+ * make a stream the wait. NULL without host memory. */
 static struct sop__sstream *
-sstream_new(struct sop_pool *pool, uint64_t id, struct sop__stream *st)
+sstream_alloc(void)
 {
-	struct sop__sstream *ss;
+	struct sop__sstream *ss = aligned_alloc(_Alignof(struct sop__sstream), sizeof *ss);
 
+	if (ss)
+		memset(ss, 0, sizeof *ss);
+	return ss;
+}
+
+/* ss, from sstream_alloc, becomes the state for the stream with this id, holding its record.
+ * Pool lock held. */
+static struct sop__sstream *
+sstream_new(struct sop_pool *pool, uint64_t id, struct sop__stream *st, struct sop__sstream *ss)
+{
 	if (pool->n_streams >= pool->retire_at)
 		sop__sstream_retire_idle(pool);
-	ss = aligned_alloc(_Alignof(struct sop__sstream), sizeof *ss);
-	if (!ss)
-		return NULL;
-	memset(ss, 0, sizeof *ss);
 	ss->pool = pool;
 	ss->id = id;
 	ss->st = st;
 	ss->active = true; /* about to be used: not for the next retirement pass */
 	ss->next = pool->streams;
-	__atomic_store_n(&pool->streams, ss, __ATOMIC_RELEASE); /* sstream_find_unlocked */
+	__atomic_store_n(&pool->streams, ss, __ATOMIC_RELEASE); /* sop__sstream_find_unlocked */
 	pool->n_streams++;
 	sop__stream_pool_add(st, pool->handle);
 	return ss;
 }
 
-/* The pool's state for the stream with this id, found without the pool lock, or NULL (then
- * the caller looks under it). Each idle pass that retires a state makes every thread look its
+/* Each idle pass that retires a state makes every thread look its
  * own states up again (states_gen), and sixteen threads whose tasks each make a stream did
  * that under the pool lock nearly once a task on the H100, walking states whose lines their
  * threads were writing. A state retired while this walks keeps its memory until the call
  * returns (pinned); one unlinked meanwhile may lead the walk into the retired ones, whose id
  * is 0, and a state it misses is found under the lock. The caller checks the id under the
  * state's lock, as for an entry of the thread's cache. */
-static struct sop__sstream *
-sstream_find_unlocked(struct sop_pool *pool, uint64_t id)
+struct sop__sstream *
+sop__sstream_find_unlocked(struct sop_pool *pool, uint64_t id)
 {
 	struct sop__sstream *ss;
 
@@ -73,10 +80,10 @@ sop__sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id,
 		    struct sop__stream_ref *out)
 {
 	struct sop__stream *st;
-	struct sop__sstream *ss;
+	struct sop__sstream *ss, *fresh;
 	CUresult r;
 
-	if (!atomic_load(&pool->dead) && (ss = sstream_find_unlocked(pool, id))) {
+	if (!atomic_load(&pool->dead) && (ss = sop__sstream_find_unlocked(pool, id))) {
 		out->ss = ss;
 		out->id = id;
 		return CUDA_SUCCESS;
@@ -84,19 +91,24 @@ sop__sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id,
 	r = sop__stream_of(stream, id, true, &st); /* the state will hold it */
 	if (r != CUDA_SUCCESS)
 		return r;
+	fresh = sstream_alloc();
 	sop__pool_lock_noting(pool); /* a stream's first request: where threads meet first */
 	if (atomic_load(&pool->dead)) {
 		/* Torn down since the caller found it (epoch.c keeps it readable): no new state. */
 		pthread_mutex_unlock(&pool->lock);
 		sop__stream_release(st);
+		free(fresh);
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 	ss = sop__sstream_find(pool, id);
-	if (ss)
+	if (!ss && fresh) {
+		ss = sstream_new(pool, id, st, fresh);
+		fresh = NULL;
+	} else {
 		sop__stream_release(st);
-	else if (!(ss = sstream_new(pool, id, st)))
-		sop__stream_release(st);
+	}
 	pthread_mutex_unlock(&pool->lock);
+	free(fresh);
 	if (!ss)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	out->ss = ss;
@@ -177,8 +189,8 @@ sop__sstream_retire_idle(struct sop_pool *pool)
 		 * synchronized. A stream known to be gone can never reuse it itself, whatever the
 		 * policies; an idle live one gives it up only with the opportunistic policy. */
 		/* A gone stream's segments are nobody's: others may take their free memory. */
-		if (gone)
-			sop__segments_disown(pool, ss, 0);
+		if (gone && sop__segments_disown(pool, ss, 0))
+			atomic_store_explicit(&ss->may_home, false, memory_order_relaxed);
 		/* Memory a refill gave the stream has nothing pending (seq 0): it goes whatever
 		 * the probes say. */
 		if (cached && (gone || (idle && atomic_load(&pool->reuse_opportunistic)))) {

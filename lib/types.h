@@ -517,6 +517,10 @@ struct sop__sstream {
 	struct sop__stream *st; /* the stream's record (order.c) */
 	struct sop__sstream *next; /* pool->streams */
 	atomic_bool gone;          /* its stream is known to be destroyed (stream.c) */
+	/* Whether a segment may have it as home: set where one may become its (the slow path),
+	 * cleared where all of its were given up (sop__segments_disown), so that the destruction
+	 * of a stream whose synchronization gave them up takes no pool lock. */
+	atomic_bool may_home;
 	_Alignas(64) struct sop__lock lock;
 	/* Used memory, sharded: bytes allocated on this stream and not yet freed, and the highest
 	 * value since the pool last folded the shards (sop__pool_used). used_local and used_hw change
