@@ -396,28 +396,21 @@ sop__spares_return(struct sop_pool *pool, struct sop__sstream *ss)
 {
 	struct sop__spare_chain *c = pool->n_chains ? &pool->chains[pool->n_chains - 1] : NULL;
 
-	if (!ss->spare || ss->n_spare > CHAIN_MAX) {
-		/* Below: to the pool's list. */
-	} else if (c && c->n + ss->n_spare <= CHAIN_MAX) {
+	if (!ss->spare)
+		return;
+	if (ss->n_spare <= CHAIN_MAX && c && c->n + ss->n_spare <= CHAIN_MAX) {
 		/* Onto the newest chain: chains of a few descriptors ran out during the first
 		 * requests of the states that took them, each such time a slow path. */
 		ss->spare_last->free_next = c->head;
 		c->head = ss->spare;
 		c->n += ss->n_spare;
-		ss->spare = ss->spare_last = NULL;
-		ss->n_spare = 0;
-		return;
-	} else if (pool->n_chains < SOP_SPARE_CHAINS) {
+	} else if (ss->n_spare <= CHAIN_MAX && pool->n_chains < SOP_SPARE_CHAINS) {
 		c = &pool->chains[pool->n_chains++];
 		c->head = ss->spare;
 		c->tail = ss->spare_last;
 		c->n = ss->n_spare;
 		ss->spare_last->free_next = NULL;
-		ss->spare = ss->spare_last = NULL;
-		ss->n_spare = 0;
-		return;
-	}
-	if (ss->spare) {
+	} else {
 		ss->spare_last->free_next = pool->spare;
 		pool->spare = ss->spare;
 	}
