@@ -14,6 +14,49 @@
 /* ---- Descriptors ------------------------------------------------------------------------ */
 
 #define SLAB_BLOCKS 256
+#define SPARES_LOW 8
+#define SPARES_FILL 32
+#define SPARES_HIGH 64
+/* The longest chain a descriptor given back one at a time joins. */
+#define CHAIN_MAX SPARES_HIGH
+
+/* The pool's spare descriptors (pool->spare, and pool->returned until it is taken) are a list
+ * of chains: a chain's first descriptor holds its last in free_prev and its length in seq, and
+ * its last links to the next chain. A state that runs low takes chains whole, and a descriptor
+ * given back joins the first chain or starts one: nothing walks the descriptors, each a miss
+ * on a line another thread wrote last (eight such misses a state, one at a time, were a fifth
+ * of the time sixteen threads whose tasks each make a stream held the pool lock on the H100).
+ * Pool lock held. */
+static inline void
+chain_mark(struct sop__block *head, struct sop__block *tail, uint64_t n)
+{
+	head->free_prev = tail;
+	head->seq = n;
+}
+
+static void
+spare_push(struct sop_pool *pool, struct sop__block *b)
+{
+	struct sop__block *h = pool->spare;
+
+	if (h && h->seq < CHAIN_MAX)
+		chain_mark(b, h->free_prev, h->seq + 1);
+	else
+		chain_mark(b, b, 1);
+	b->free_next = h;
+	pool->spare = b;
+}
+
+static struct sop__block *
+spare_pop(struct sop_pool *pool)
+{
+	struct sop__block *b = pool->spare, *n = b->free_next;
+
+	if (b->seq > 1)
+		chain_mark(n, b->free_prev, b->seq - 1);
+	pool->spare = n;
+	return b;
+}
 
 /* A pool's first slabs are small (16, then 64 descriptors), so that its first allocation
  * zeroes a page of fresh host memory rather than eight: each first touch of a page is a fault
@@ -43,10 +86,8 @@ slab_add(struct sop_pool *pool)
 		return false;
 	memset(slab, 0, n * sizeof *slab);
 	pool->slabs[pool->n_slabs++] = slab;
-	for (i = 0; i < n; i++) {
-		slab[i].free_next = pool->spare;
-		pool->spare = &slab[i];
-	}
+	for (i = 0; i < n; i++)
+		spare_push(pool, &slab[i]);
 	return true;
 }
 
@@ -61,12 +102,11 @@ sop__block_new(struct sop_pool *pool)
 		pool->spare = atomic_exchange_explicit(&pool->returned, NULL, memory_order_acquire);
 	if (!pool->spare && !slab_add(pool))
 		return NULL;
-	b = pool->spare;
-	pool->spare = b->free_next;
-	/* Spares are a list through cold descriptors: fetch the next one's line now, so that the
-	 * next call does not stall on it. */
-	if (pool->spare)
-		__builtin_prefetch(pool->spare, 1);
+	b = spare_pop(pool);
+	/* Spares are a list through cold descriptors: fetch the one after the next now (the
+	 * next one's line the pop has written), so that the next call does not stall on it. */
+	if (pool->spare && pool->spare->free_next)
+		__builtin_prefetch(pool->spare->free_next, 1);
 	b->free_next = b->free_prev = NULL;
 	sop__link_set(&b->phys_prev, NULL);
 	b->phys_next = NULL;
@@ -81,8 +121,7 @@ void
 sop__block_delete(struct sop_pool *pool, struct sop__block *b)
 {
 	atomic_store_explicit(&b->tag, sop__tag(0, SOP_BLOCK_DEAD), memory_order_release);
-	b->free_next = pool->spare;
-	pool->spare = b;
+	spare_push(pool, b);
 }
 
 /* ---- Split and merge -------------------------------------------------------------------- */
@@ -190,17 +229,13 @@ sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__
 		sop__link_set(&n->phys_next->phys_prev, b);
 	atomic_store_explicit(&n->tag, sop__tag(0, SOP_BLOCK_DEAD), memory_order_release);
 	sop__block_set_owner(n, NULL);
-	n->free_next = *spare;
-	*spare = n;
+	if (spare == &pool->spare) {
+		spare_push(pool, n); /* the pool's list keeps its chains */
+	} else {
+		n->free_next = *spare;
+		*spare = n;
+	}
 }
-
-#define SPARES_LOW 8
-#define SPARES_FILL 32
-#define SPARES_HIGH 64
-/* A chain of spares the pool keeps (sop__spares_return) holds at most as many as a state does:
- * one that takes it whole, below SPARES_LOW, may hold up to SPARES_HIGH + SPARES_LOW until its
- * merges shed them (spares_shed). */
-#define CHAIN_MAX SPARES_HIGH
 
 /* A descriptor was pushed onto ss's spares: the first of them is also the last. */
 static inline void
@@ -219,15 +254,18 @@ static void
 spares_shed(struct sop_pool *pool, struct sop__sstream *ss)
 {
 	struct sop__block *head = ss->spare, *tail = head, *old;
+	uint64_t n = 1;
 
 	while (ss->n_spare > SPARES_LOW + 1) {
 		tail = tail->free_next;
 		ss->n_spare--;
+		n++;
 	}
 	ss->spare = tail->free_next;
 	if (!ss->spare)
 		ss->spare_last = NULL;
 	ss->n_spare--;
+	chain_mark(head, tail, n); /* the list it joins is one of chains, like the pool's */
 	old = atomic_load_explicit(&pool->returned, memory_order_relaxed);
 	do
 		tail->free_next = old;
@@ -345,72 +383,52 @@ sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 void
 sop__spares_balance(struct sop_pool *pool, struct sop__sstream *ss)
 {
-	unsigned fill;
-
 	if (ss->n_spare >= SPARES_LOW)
-		goto trim;
-	/* A retired state's chain, whole: a new state takes one in its first request. Walking
-	 * the pool's spares for eight descriptors, each a miss on a line another thread wrote
-	 * last, cost sixteen threads whose tasks each make a stream a fifth of the time they held
-	 * the pool lock on the H100. */
-	if (pool->n_chains) {
-		struct sop__spare_chain *c = &pool->chains[--pool->n_chains];
+		return;
+	/* Once threads have met in the pool, whole chains until SPARES_FILL: eight at a time, a
+	 * state whose first requests each split a block ran out every eight and took the pool
+	 * lock again each time. */
+	if (atomic_load_explicit(&pool->threads_met, memory_order_relaxed)) {
+		while (ss->n_spare < SPARES_FILL) {
+			struct sop__block *h, *t;
 
-		c->tail->free_next = ss->spare;
-		if (!ss->spare)
-			ss->spare_last = c->tail;
-		ss->spare = c->head;
-		ss->n_spare += c->n;
+			if (!pool->spare)
+				pool->spare = atomic_exchange_explicit(&pool->returned, NULL,
+								       memory_order_acquire);
+			if (!pool->spare && !slab_add(pool))
+				return;
+			h = pool->spare;
+			t = h->free_prev;
+			pool->spare = t->free_next;
+			t->free_next = ss->spare;
+			if (!ss->spare)
+				ss->spare_last = t;
+			ss->spare = h;
+			ss->n_spare += (unsigned)h->seq;
+		}
+		return;
 	}
-	/* Else from the pool's list: up to SPARES_FILL once threads have met in the pool, where
-	 * a state whose first requests split a block each ran out every eight and took the pool
-	 * lock again each time; eight before, so that a fresh pool's first allocation zeroes
-	 * one small slab (slab_blocks). */
-	fill = atomic_load_explicit(&pool->threads_met, memory_order_relaxed) ? SPARES_FILL
-									     : SPARES_LOW;
-	while (ss->n_spare < fill) {
-		struct sop__block *b = sop__block_new(pool);
-		if (!b)
+	/* Before, eight one at a time: a fresh pool's first allocation then takes them from one
+	 * small slab (slab_blocks), where a chain would empty it. */
+	while (ss->n_spare < SPARES_LOW) {
+		struct sop__block *d = sop__block_new(pool);
+		if (!d)
 			return;
-		atomic_store_explicit(&b->tag, sop__tag(0, SOP_BLOCK_DEAD), memory_order_relaxed);
-		b->free_next = ss->spare;
-		ss->spare = b;
+		atomic_store_explicit(&d->tag, sop__tag(0, SOP_BLOCK_DEAD), memory_order_relaxed);
+		d->free_next = ss->spare;
+		ss->spare = d;
 		spare_pushed(ss);
-	}
-trim:
-	while (ss->n_spare > SPARES_HIGH + SPARES_LOW) {
-		struct sop__block *b = ss->spare;
-		ss->spare = b->free_next;
-		ss->n_spare--;
-		b->free_next = pool->spare;
-		pool->spare = b;
 	}
 }
 
-/* At once, through the last spare: walking up to SPARES_HIGH descriptors, long out of the
- * cache, took a retirement pass about a microsecond a state under the pool lock, where threads
- * whose tasks each make a stream retire a state per task. Kept as a chain of up to CHAIN_MAX,
- * while the pool has room for one, for the next state that runs low (sop__spares_balance). */
+/* At once, as one chain: walking up to SPARES_HIGH descriptors, long out of the cache, took a
+ * retirement pass about a microsecond a state under the pool lock, where threads whose tasks
+ * each make a stream retire a state per task. */
 void
 sop__spares_return(struct sop_pool *pool, struct sop__sstream *ss)
 {
-	struct sop__spare_chain *c = pool->n_chains ? &pool->chains[pool->n_chains - 1] : NULL;
-
-	if (!ss->spare)
-		return;
-	if (ss->n_spare <= CHAIN_MAX && c && c->n + ss->n_spare <= CHAIN_MAX) {
-		/* Onto the newest chain: chains of a few descriptors ran out during the first
-		 * requests of the states that took them, each such time a slow path. */
-		ss->spare_last->free_next = c->head;
-		c->head = ss->spare;
-		c->n += ss->n_spare;
-	} else if (ss->n_spare <= CHAIN_MAX && pool->n_chains < SOP_SPARE_CHAINS) {
-		c = &pool->chains[pool->n_chains++];
-		c->head = ss->spare;
-		c->tail = ss->spare_last;
-		c->n = ss->n_spare;
-		ss->spare_last->free_next = NULL;
-	} else {
+	if (ss->spare) {
+		chain_mark(ss->spare, ss->spare_last, ss->n_spare);
 		ss->spare_last->free_next = pool->spare;
 		pool->spare = ss->spare;
 	}

@@ -40,24 +40,23 @@ out:
 	return line;
 }
 
-/* The pool's chains of spare descriptors: each as long as it says, ending at its tail, every
- * descriptor in it dead. Pool lock held. */
+/* The pool's spare descriptors: chains, each as long as its first descriptor says and ending
+ * where it says, every descriptor in them dead. Pool lock held. */
 static int
-chains_check(const struct sop_pool *pool)
+spare_chains_check(const struct sop_pool *pool)
 {
-	unsigned i, n;
+	const struct sop__block *h = pool->spare, *b, *last;
+	uint64_t n;
 	int line = 0;
 
-	CHECK(pool->n_chains <= SOP_SPARE_CHAINS);
-	for (i = 0; i < pool->n_chains; i++) {
-		const struct sop__spare_chain *c = &pool->chains[i];
-		const struct sop__block *b, *last = NULL;
-
-		for (b = c->head, n = 0; b && n <= c->n; b = b->free_next, n++) {
+	while (h) {
+		CHECK(h->seq >= 1);
+		for (b = h, n = 0, last = NULL; b && n < h->seq; b = b->free_next, n++) {
 			CHECK(sop__block_state(b) == SOP_BLOCK_DEAD);
 			last = b;
 		}
-		CHECK(n == c->n && last == c->tail);
+		CHECK(n == h->seq && last == h->free_prev);
+		h = last->free_next;
 	}
 out:
 	return line;
@@ -238,7 +237,7 @@ sop__pool_check(struct sop_pool *pool)
 			goto out;
 	}
 	CHECK(n_cached == n_cached_streams);
-	line = chains_check(pool);
+	line = spare_chains_check(pool);
 out:
 	pthread_mutex_unlock(&pool->lock);
 	return line;

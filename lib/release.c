@@ -269,7 +269,6 @@ sop__heap_destroy(struct sop_pool *pool)
 	pool->slabs = NULL;
 	pool->n_slabs = pool->cap_slabs = 0;
 	pool->spare = NULL;
-	pool->n_chains = 0;
 	pool->holes = NULL;
 	atomic_store(&pool->returned, NULL);
 	memset(&pool->heap, 0, sizeof pool->heap);

@@ -665,9 +665,6 @@ struct sop__wire_answer {
 
 /* ---- Pools (pool.c) ---------------------------------------------------------------------- */
 
-/* Retired states' chains of spare descriptors a pool keeps whole (sop__spares_return). */
-#define SOP_SPARE_CHAINS 16
-
 /* The hot paths of many threads read the first group of a pool's fields on every call: they
  * must not lose its line each time the slow path writes the heap or the lock. */
 struct sop_pool {
@@ -712,14 +709,7 @@ struct sop_pool {
 	bool anchored, anchor_tried;
 	struct sop__bins heap;
 
-	struct sop__block *spare; /* descriptors not in use */
-	/* Retired states' spares, kept as the chains they were (sop__spares_return), so that a new
-	 * state takes a chain whole rather than walking descriptors long out of the cache. */
-	struct sop__spare_chain {
-		struct sop__block *head, *tail;
-		unsigned n;
-	} chains[SOP_SPARE_CHAINS];
-	unsigned n_chains;
+	struct sop__block *spare; /* descriptors not in use, in chains (block.c) */
 	void **slabs;
 	size_t n_slabs, cap_slabs;
 
