@@ -58,6 +58,17 @@ spare_pop(struct sop_pool *pool)
 	return b;
 }
 
+/* The first chain, whole: its first descriptor, which still names its last and its length. */
+static struct sop__block *
+chain_pop(struct sop_pool *pool)
+{
+	struct sop__block *h = pool->spare;
+
+	pool->spare = h->free_prev->free_next;
+	h->free_prev->free_next = NULL;
+	return h;
+}
+
 /* A pool's first slabs are small (16, then 64 descriptors), so that its first allocation
  * zeroes a page of fresh host memory rather than eight: each first touch of a page is a fault
  * that costs microseconds, and eight of them were half of sop's own time in that allocation. */
@@ -217,8 +228,17 @@ sop__block_carve_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 	return true;
 }
 
+/* A descriptor was pushed onto ss's spares: the first of them is also the last. */
+static inline void
+spare_pushed(struct sop__sstream *ss)
+{
+	if (!ss->spare_last)
+		ss->spare_last = ss->spare;
+	ss->n_spare++;
+}
+
 void
-sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__block **spare)
+sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__sstream *ss)
 {
 	struct sop__block *n = b->phys_next;
 
@@ -229,21 +249,13 @@ sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__
 		sop__link_set(&n->phys_next->phys_prev, b);
 	atomic_store_explicit(&n->tag, sop__tag(0, SOP_BLOCK_DEAD), memory_order_release);
 	sop__block_set_owner(n, NULL);
-	if (spare == &pool->spare) {
-		spare_push(pool, n); /* the pool's list keeps its chains */
-	} else {
-		n->free_next = *spare;
-		*spare = n;
+	if (!ss) {
+		spare_push(pool, n);
+		return;
 	}
-}
-
-/* A descriptor was pushed onto ss's spares: the first of them is also the last. */
-static inline void
-spare_pushed(struct sop__sstream *ss)
-{
-	if (!ss->spare_last)
-		ss->spare_last = ss->spare;
-	ss->n_spare++;
+	n->free_next = ss->spare;
+	ss->spare = n;
+	spare_pushed(ss);
 }
 
 /* Hand the spares of ss above SPARES_LOW back to the pool without its lock: a stream that only
@@ -350,8 +362,7 @@ sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 		} else {
 			break;
 		}
-		sop__block_absorb_next(pool, b, &ss->spare);
-		spare_pushed(ss);
+		sop__block_absorb_next(pool, b, ss);
 	}
 	for (;;) {
 		p = b->phys_prev;
@@ -368,8 +379,7 @@ sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 		} else {
 			break;
 		}
-		sop__block_absorb_next(pool, p, &ss->spare);
-		spare_pushed(ss);
+		sop__block_absorb_next(pool, p, ss);
 		b = p;
 	}
 	sop__lock_drop(&seg->lock);
@@ -390,19 +400,17 @@ sop__spares_balance(struct sop_pool *pool, struct sop__sstream *ss)
 	 * lock again each time. */
 	if (atomic_load_explicit(&pool->threads_met, memory_order_relaxed)) {
 		while (ss->n_spare < SPARES_FILL) {
-			struct sop__block *h, *t;
+			struct sop__block *h;
 
 			if (!pool->spare)
 				pool->spare = atomic_exchange_explicit(&pool->returned, NULL,
 								       memory_order_acquire);
 			if (!pool->spare && !slab_add(pool))
 				return;
-			h = pool->spare;
-			t = h->free_prev;
-			pool->spare = t->free_next;
-			t->free_next = ss->spare;
+			h = chain_pop(pool);
+			h->free_prev->free_next = ss->spare;
 			if (!ss->spare)
-				ss->spare_last = t;
+				ss->spare_last = h->free_prev;
 			ss->spare = h;
 			ss->n_spare += (unsigned)h->seq;
 		}
@@ -451,13 +459,13 @@ sop__heap_put(struct sop_pool *pool, struct sop__block *b)
 		sop__bins_remove(&pool->heap, n);
 		if (sop__block_owner(n) != sop__block_owner(b))
 			sop__block_set_owner(b, NULL);
-		sop__block_absorb_next(pool, b, &pool->spare);
+		sop__block_absorb_next(pool, b, NULL);
 	}
 	if (p && sop__block_state(p) == SOP_BLOCK_FREE) {
 		sop__bins_remove(&pool->heap, p);
 		if (sop__block_owner(p) != sop__block_owner(b))
 			sop__block_set_owner(p, NULL);
-		sop__block_absorb_next(pool, p, &pool->spare);
+		sop__block_absorb_next(pool, p, NULL);
 		b = p;
 	}
 	atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_FREE), memory_order_release);

@@ -240,7 +240,7 @@ join_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b, s
 	if (own_p || own_n) {
 		if (own_p) {
 			sop__bins_remove(&ss->cache, p);
-			sop__block_absorb_next(pool, p, &pool->spare);
+			sop__block_absorb_next(pool, p, NULL);
 			b = p;
 		} else {
 			b->seq = 0;
@@ -249,7 +249,7 @@ join_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b, s
 			sop__bins_remove(&ss->cache, n);
 			if (n->seq > b->seq)
 				b->seq = n->seq;
-			sop__block_absorb_next(pool, b, &pool->spare);
+			sop__block_absorb_next(pool, b, NULL);
 		}
 		atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_CACHED),
 				      memory_order_release);

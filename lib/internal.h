@@ -378,8 +378,9 @@ void sop__spares_balance(struct sop_pool *pool, struct sop__sstream *ss);
 /* Give all of a stream's spare descriptors back to the pool. Pool lock held. */
 void sop__spares_return(struct sop_pool *pool, struct sop__sstream *ss);
 /* Absorb b's next neighbour into b; the neighbour is out of every bin and its descriptor goes
- * to *spare. Segment lock held. */
-void sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__block **spare);
+ * to ss's spares (ss's lock held), or with ss NULL to the pool's (pool lock held). Segment lock
+ * held. */
+void sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__sstream *ss);
 /* Return a block to the heap as FREE, merging with FREE neighbours; returns the merged block.
  * Its owner stays as the stream whose cache it leaves (or NULL), and is NULL once joined with
  * another stream's. Pool lock held. */
@@ -571,6 +572,9 @@ struct sop__sstream *sop__sstream_find_unlocked(struct sop_pool *pool, uint64_t 
 CUresult sop__sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id,
 			     struct sop__stream_ref *out);
 struct sop__block **sop__cache_collect(struct sop__sstream *ss, size_t *n);
+/* sop__segments_disown for ss, noting when no segment is left whose home it is (may_home).
+ * Pool lock held. */
+void sop__sstream_disown(struct sop_pool *pool, struct sop__sstream *ss, size_t used);
 /* Move the cached blocks of ss freed up to epoch into the heap: their frees have completed.
  * Pool lock held. Returns the number of blocks moved. */
 size_t sop__sstream_flush(struct sop__sstream *ss, uint64_t epoch);

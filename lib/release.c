@@ -121,11 +121,11 @@ piece_unback(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc,
 	sop__hole_link(pool, m);
 	if ((x = m->phys_next) && sop__block_state(x) == SOP_BLOCK_HOLE) {
 		sop__hole_unlink(pool, x);
-		sop__block_absorb_next(pool, m, &pool->spare);
+		sop__block_absorb_next(pool, m, NULL);
 	}
 	if ((x = m->phys_prev) && sop__block_state(x) == SOP_BLOCK_HOLE) {
 		sop__hole_unlink(pool, m);
-		sop__block_absorb_next(pool, x, &pool->spare);
+		sop__block_absorb_next(pool, x, NULL);
 	}
 	sop__lock_drop(&seg->lock);
 	if (left)

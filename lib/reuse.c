@@ -54,7 +54,7 @@ cache_coalesce(struct sop_pool *pool, struct sop__sstream *ss)
 				if (n->seq > b->seq)
 					b->seq = n->seq;
 			}
-			sop__block_absorb_next(pool, b, &pool->spare);
+			sop__block_absorb_next(pool, b, NULL);
 		}
 		sop__lock_drop(&b->seg->lock);
 		sop__bins_insert(&ss->cache, b);

@@ -55,13 +55,13 @@ sstream_new(struct sop_pool *pool, uint64_t id, struct sop__stream *st, struct s
 	return ss;
 }
 
-/* Each idle pass that retires a state makes every thread look its
- * own states up again (states_gen), and sixteen threads whose tasks each make a stream did
- * that under the pool lock nearly once a task on the H100, walking states whose lines their
- * threads were writing. A state retired while this walks keeps its memory until the call
- * returns (pinned); one unlinked meanwhile may lead the walk into the retired ones, whose id
- * is 0, and a state it misses is found under the lock. The caller checks the id under the
- * state's lock, as for an entry of the thread's cache. */
+/* Each idle pass that retires a state makes every thread look its own states up again
+ * (states_gen), and sixteen threads whose tasks each make a stream did that under the pool lock
+ * nearly once a task on the H100, walking states whose lines their threads were writing. A
+ * state retired while this walks keeps its memory until the call returns (pinned); one
+ * unlinked meanwhile may lead the walk into the retired ones, whose id is 0, and a state it
+ * misses is found under the lock. The caller checks the id under the state's lock, as for an
+ * entry of the thread's cache. */
 struct sop__sstream *
 sop__sstream_find_unlocked(struct sop_pool *pool, uint64_t id)
 {
@@ -114,6 +114,13 @@ sop__sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id,
 	out->ss = ss;
 	out->id = id;
 	return CUDA_SUCCESS;
+}
+
+void
+sop__sstream_disown(struct sop_pool *pool, struct sop__sstream *ss, size_t used)
+{
+	if (sop__segments_disown(pool, ss, used))
+		atomic_store_explicit(&ss->may_home, false, memory_order_relaxed);
 }
 
 /* Every cached block of a stream, gathered so the caller may change the bins while it walks.
@@ -189,8 +196,8 @@ sop__sstream_retire_idle(struct sop_pool *pool)
 		 * synchronized. A stream known to be gone can never reuse it itself, whatever the
 		 * policies; an idle live one gives it up only with the opportunistic policy. */
 		/* A gone stream's segments are nobody's: others may take their free memory. */
-		if (gone && sop__segments_disown(pool, ss, 0))
-			atomic_store_explicit(&ss->may_home, false, memory_order_relaxed);
+		if (gone)
+			sop__sstream_disown(pool, ss, 0);
 		/* Memory a refill gave the stream has nothing pending (seq 0): it goes whatever
 		 * the probes say. */
 		if (cached && (gone || (idle && atomic_load(&pool->reuse_opportunistic)))) {

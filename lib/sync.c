@@ -32,8 +32,8 @@ sstream_disown_if_idle(struct sop_pool *pool, struct sop__sstream *ss)
 	cached = ss->cache.n_blocks != 0;
 	used = sop__sstream_used(ss);
 	sop__lock_drop(&ss->lock);
-	if (!cached && sop__segments_disown(pool, ss, used > 0 ? (size_t)used : 0))
-		atomic_store_explicit(&ss->may_home, false, memory_order_relaxed);
+	if (!cached)
+		sop__sstream_disown(pool, ss, used > 0 ? (size_t)used : 0);
 }
 
 /* Whether a synchronization has anything to do in pool: a state of a stream it marked to flush,
@@ -122,8 +122,7 @@ pool_stream_gone(struct sop_pool *pool, uint64_t id)
 	pthread_mutex_lock(&pool->lock);
 	if (!atomic_load(&pool->dead) && (ss = sop__sstream_find(pool, id))) {
 		atomic_store_explicit(&ss->gone, true, memory_order_relaxed);
-		if (sop__segments_disown(pool, ss, 0))
-			atomic_store_explicit(&ss->may_home, false, memory_order_relaxed);
+		sop__sstream_disown(pool, ss, 0);
 	}
 	pthread_mutex_unlock(&pool->lock);
 }
