@@ -50,19 +50,33 @@ joinable(struct sop__block *b, const struct sop__sstream *ss)
 	return 0;
 }
 
-/* The growth step of a pool that holds reserved bytes: the driver's 32 MiB, or a compacting
- * pool's pieces; a host pool's ramps up to the former by half of what it holds. Pinning host
- * memory costs by the byte (a 32 MiB cuMemCreate of host memory takes 9 ms on the H100, a
- * granule 0.6 ms), not by the call as on a device, so a host pool that needs a few megabytes
- * pins a few, not a step: a 1 MiB staging loop held 32 MiB, and its first allocation pinned all
- * of them. The ramp keeps a growing pool's pieces few (a pool of 1 GiB has about 40). */
+/* The growth step of a pool that holds reserved bytes, for ss's growth in seg (NULL: a new
+ * segment): the driver's 32 MiB, or a compacting pool's pieces; a host pool's ramps up to the
+ * former by half of what it holds. Pinning host memory costs by the byte (a 32 MiB cuMemCreate
+ * of host memory takes 9 ms on the H100, a granule 0.6 ms), not by the call as on a device, so
+ * a host pool that needs a few megabytes pins a few, not a step: a 1 MiB staging loop held
+ * 32 MiB, and its first allocation pinned all of them. The ramp keeps a growing pool's pieces
+ * few (a pool of 1 GiB has about 40).
+ *
+ * Once threads have met, a segment of the stream's own (or nobody's, which it adopts) grows by
+ * SOP_OWN_STEP until it maps a step. Each stream then has segments of its own, and what a step
+ * maps beyond the stream's needs is memory no other stream takes while that one lives: sixteen
+ * tasks at once, each with a stream that keeps 32 blocks of up to 1 MiB live, held a segment of
+ * 32 MiB each where each needed about 25 (512 MiB reserved for 265 MiB live, 1.93x; 416 MiB,
+ * 1.57x, in quarter steps: test/tasks.c, on the simulated driver). A stream that needs more
+ * soon maps whole steps again, so a thread that keeps 128 MiB live makes three more growths
+ * than before, once. */
 static size_t
-growth_step(const struct sop_pool *pool, uint64_t reserved)
+growth_step(const struct sop_pool *pool, const struct sop__segment *seg,
+	    const struct sop__sstream *ss, uint64_t reserved)
 {
 	if (atomic_load_explicit(&pool->compact, memory_order_relaxed))
 		return SOP_COMPACT_PIECE;
 	if (pool->host && reserved / 2 < SOP_SEGMENT_MIN)
 		return (size_t)reserved / 2;
+	if (ss && atomic_load_explicit(&pool->threads_met, memory_order_relaxed) &&
+	    (!seg || ((!seg->home || seg->home == ss) && seg->mapped < SOP_SEGMENT_MIN)))
+		return SOP_OWN_STEP;
 	return SOP_SEGMENT_MIN;
 }
 
@@ -70,12 +84,13 @@ growth_step(const struct sop_pool *pool, uint64_t reserved)
  * of size bytes fits: whole granules, and at least a growth step (growth_step), except near
  * maxSize, where only what is needed. 0 if it cannot fit there. */
 static size_t
-span(struct sop_pool *pool, size_t size, size_t have, size_t room, size_t *least)
+span(struct sop_pool *pool, const struct sop__segment *seg, const struct sop__sstream *ss,
+     size_t size, size_t have, size_t room, size_t *least)
 {
 	size_t g = pool->granularity;
 	size_t lo = size > have ? sop__round_up(size - have, g) : g;
 	uint64_t reserved = atomic_load(&pool->reserved);
-	size_t want = sop__round_up(growth_step(pool, reserved), g);
+	size_t want = sop__round_up(growth_step(pool, seg, ss, reserved), g);
 
 	if (lo > room || (pool->max_size && reserved + lo > pool->max_size))
 		return 0;
@@ -131,11 +146,11 @@ plan_make(struct sop_pool *pool, struct sop__sstream *ss, size_t size, bool any,
 		if (ss)
 			sop__lock_drop(&ss->lock);
 		if (l) {
-			n = span(pool, size, l, h->size, &least);
+			n = span(pool, seg, ss, size, l, h->size, &least);
 			plan_offer(pl, h, false, rank, n, least);
 		}
 		if (r) {
-			n = span(pool, size, r, h->size, &least);
+			n = span(pool, seg, ss, size, r, h->size, &least);
 			plan_offer(pl, h, true, rank, n, least);
 		}
 		/* Filled whole, a hole joins the free memory on both sides. */
@@ -143,11 +158,11 @@ plan_make(struct sop_pool *pool, struct sop__sstream *ss, size_t size, bool any,
 		    (!pool->max_size || atomic_load(&pool->reserved) + h->size <= pool->max_size))
 			plan_offer(pl, h, false, rank, h->size, h->size);
 		if (rank < 2 || any) {
-			n = span(pool, size, 0, h->size, &least);
+			n = span(pool, seg, ss, size, 0, h->size, &least);
 			plan_offer(pl, h, false, rank, n, least);
 		}
 	}
-	n = span(pool, size, 0, SIZE_MAX, &least);
+	n = span(pool, NULL, ss, size, 0, SIZE_MAX, &least);
 	if (pl->size && (pl->rank < 2 || pl->size < n || !n || any))
 		return true;
 	if (any)

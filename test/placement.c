@@ -189,8 +189,10 @@ affinity(CUstream s1, CUstream s2)
 			TH_EQ((char *)b - (char *)a, (long)a_size);
 			TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 32 * MiB);
 		} else {
-			/* A segment of s2's own: another step, elsewhere. */
-			TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 64 * MiB);
+			/* A segment of s2's own, elsewhere: a quarter step, as a stream's own
+			 * segment grows until it maps a whole one. */
+			TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+			      32 * MiB + SOP_OWN_STEP);
 			TH_ASSERT(segment_of(pool, b) != segment_of(pool, a));
 			TH_ASSERT(segment_of(pool, b)->home != segment_of(pool, a)->home);
 		}
@@ -206,7 +208,8 @@ affinity(CUstream s1, CUstream s2)
 			struct sop__segment *seg = segment_of(pool, a);
 			TH_ASSERT(seg && !seg->home);
 			TH_OK(sop_malloc_from_pool_async(&b, MiB, pool, s2));
-			TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 64 * MiB);
+			TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+			      32 * MiB + SOP_OWN_STEP);
 			TH_ASSERT(segment_of(pool, b)->home != NULL);
 			TH_OK(sop_free_async(b, s2));
 			TH_OK(sop_stream_synchronize(s2));
@@ -216,8 +219,8 @@ affinity(CUstream s1, CUstream s2)
 }
 
 /* Threads have met in the pool. s2's segment is one 64 MiB block, which s2 has freed and which
- * stays pending on s2 behind a gate; s1's segment holds a, a 64 KiB hole that sop_free made the
- * heap's, a guard g, and 31 MiB of free memory after it. */
+ * stays pending on s2 behind a gate; s1's segment (a quarter step: SOP_OWN_STEP) holds a, a
+ * 64 KiB hole that sop_free made the heap's, a guard g, and 7 MiB of free memory after it. */
 static void
 crowd_setup(sop_pool_t pool, CUstream s1, CUstream s2, struct th_gate *gate, void **a, void **g,
 	    void **big)
@@ -233,7 +236,7 @@ crowd_setup(sop_pool_t pool, CUstream s1, CUstream s2, struct th_gate *gate, voi
 	TH_OK(sop_malloc_from_pool_async(g, 4 * KiB, pool, s1));
 	TH_OK(sop_free(p));
 	TH_ASSERT(segment_of(pool, *big) != segment_of(pool, *a));
-	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 96 * MiB);
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 64 * MiB + SOP_OWN_STEP);
 	th_gate_init(gate);
 	th_gate_block(gate, s2);
 }
@@ -273,7 +276,7 @@ crowded_own_first(CUstream s1)
 		TH_OK(sop_malloc_from_pool_async(&q[i], n, pool, s2));
 		TH_ASSERT((char *)q[i] >= (char *)big &&
 			  (char *)q[i] + n <= (char *)big + 64 * MiB);
-		TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 96 * MiB);
+		TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 64 * MiB + SOP_OWN_STEP);
 		TH_CHECK(pool);
 	}
 	for (i = 0; i < 8; i++)
