@@ -478,10 +478,13 @@ int sop__capture_relax_lazy(void);
 void sop__capture_restore_lazy(int token);
 
 /* The interposer sees every call that destroys streams (sop__stream_destroys_watch); it, and
- * sop_stream_destroy, report each before and after the driver's call (sop__stream_destroying).
- * While none is reported, sop__stream_id answers a thread's last handle again without asking. */
+ * sop_stream_destroy, report each before the driver's call (sop__stream_destroy_begin) and after
+ * it (sop__stream_destroy_end), with the stream's handle, or NULL for a context's streams. While
+ * none that could concern a handle is reported, sop__stream_id answers a thread's last handles
+ * again without asking. */
 void sop__stream_destroys_watch(void);
-void sop__stream_destroying(void);
+void sop__stream_destroy_begin(CUstream stream);
+void sop__stream_destroy_end(CUstream stream);
 /* The id of the stream a handle names now (cuStreamGetId); CUDA_ERROR_INVALID_CONTEXT for a
  * special handle with no current context, or the driver's code for a bad handle.
  * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED for a stream that is capturing, which has no id for sop:

@@ -64,25 +64,58 @@ stream_refused(CUstream stream, CUresult r)
 static CUresult stream_capture_check(CUstream stream);
 
 /* Under the interposer every call that destroys a stream, or a context with its streams, goes
- * through sop (sop_stream_destroy, or the interposer's hooks of the context calls), which counts
- * them before and after the driver's call. While that count stands still, no handle has changed
- * hands: the handles a thread last asked about name the streams they named then, and their ids
- * are known without asking. A few a thread, the latest first: a thread allocates on one stream
- * or two (a compute stream and a copy stream) and frees on those. Without the interposer a
- * program may destroy a stream behind sop's back, and every call asks. */
+ * through sop (sop_stream_destroy, or the interposer's hooks), which reports it before and after
+ * the driver's call. A thread remembers the ids of the last few handles it asked about (a
+ * compute stream and a copy stream, say), and answers them again without asking while no
+ * destroy that could have given the handle to another stream has begun since: none of a context
+ * (every handle), and none of a stream whose handle falls in the same one of DESTROY_SLOTS. A
+ * thread pool whose tasks each make and destroy a stream destroys one every few microseconds;
+ * counted all together, every thread's next call asked again after each, and asking slows
+ * every other thread's stream creation and destruction (design.md, Known costs). An answer
+ * asked while such a destroy was under way is not remembered. Without the interposer a program
+ * may destroy a stream behind sop's back, and every call asks. */
+struct destroys {
+	_Alignas(64) _Atomic uint64_t begun;
+	_Atomic uint64_t ended;
+};
+
+#define DESTROY_SLOTS 512
+
 static atomic_bool destroys_watched;
-static _Atomic uint64_t destroys;
+static struct destroys destroys_all, destroys_of[DESTROY_SLOTS];
+
+static struct destroys *
+destroys_slot(CUstream handle)
+{
+	uint64_t x = (uint64_t)(uintptr_t)handle * 0x9E3779B97F4A7C15u;
+
+	return &destroys_of[x >> 55]; /* the top 9 bits: DESTROY_SLOTS */
+}
+
+_Static_assert(DESTROY_SLOTS == 1 << 9, "destroys_slot takes 9 bits");
+
+/* The destroys of c begun so far, if none is under way; UINT64_MAX if one is. Ended is read
+ * first: then begun equal to it, read after, means none was under way in between. */
+static uint64_t
+destroys_settled(struct destroys *c)
+{
+	uint64_t ended = atomic_load_explicit(&c->ended, memory_order_acquire);
+	uint64_t begun = atomic_load_explicit(&c->begun, memory_order_acquire);
+
+	return begun == ended ? begun : UINT64_MAX;
+}
 
 #define ID_MEMOS 4
 struct id_memo {
 	CUstream handle;
-	uint64_t id, destroys;
+	uint64_t id, all, one; /* destroys begun, of contexts and in the handle's slot */
 };
 static __thread struct id_memo id_memo[ID_MEMOS];
 
-/* The id remembered for handle while destroys stood at seen, if any (moved to the front). */
+/* The id remembered for handle if no destroy that could change it has begun since (moved to
+ * the front). */
 static bool
-id_recall(CUstream handle, uint64_t seen, uint64_t *id)
+id_recall(CUstream handle, uint64_t *id)
 {
 	struct id_memo m;
 	int i;
@@ -90,7 +123,10 @@ id_recall(CUstream handle, uint64_t seen, uint64_t *id)
 	for (i = 0; i < ID_MEMOS; i++)
 		if (id_memo[i].handle == handle)
 			break;
-	if (i == ID_MEMOS || id_memo[i].destroys != seen)
+	if (i == ID_MEMOS ||
+	    atomic_load_explicit(&destroys_all.begun, memory_order_acquire) != id_memo[i].all ||
+	    atomic_load_explicit(&destroys_slot(handle)->begun, memory_order_acquire) !=
+		id_memo[i].one)
 		return false;
 	m = id_memo[i];
 	for (; i > 0; i--)
@@ -100,10 +136,10 @@ id_recall(CUstream handle, uint64_t seen, uint64_t *id)
 	return true;
 }
 
-/* Remember handle's id, asked while destroys stood at seen, in front of the others (the least
- * recent one, or handle's own older entry, goes). */
+/* Remember handle's id, asked after destroys stood settled at all and one, in front of the
+ * others (the least recent one, or handle's own older entry, goes). */
 static void
-id_remember(CUstream handle, uint64_t id, uint64_t seen)
+id_remember(CUstream handle, uint64_t id, uint64_t all, uint64_t one)
 {
 	int i;
 
@@ -112,7 +148,7 @@ id_remember(CUstream handle, uint64_t id, uint64_t seen)
 			break;
 	for (; i > 0; i--)
 		id_memo[i] = id_memo[i - 1];
-	id_memo[0] = (struct id_memo){handle, id, seen};
+	id_memo[0] = (struct id_memo){handle, id, all, one};
 }
 
 void
@@ -122,16 +158,23 @@ sop__stream_destroys_watch(void)
 }
 
 void
-sop__stream_destroying(void)
+sop__stream_destroy_begin(CUstream stream)
 {
-	atomic_fetch_add(&destroys, 1);
+	atomic_fetch_add(&(stream ? destroys_slot(stream) : &destroys_all)->begun, 1);
+}
+
+void
+sop__stream_destroy_end(CUstream stream)
+{
+	atomic_fetch_add_explicit(&(stream ? destroys_slot(stream) : &destroys_all)->ended, 1,
+				  memory_order_release);
 }
 
 CUresult
 sop__stream_id(CUstream stream, uint64_t *id)
 {
 	unsigned long long v = 0;
-	uint64_t seen = 0;
+	uint64_t all = 0, one = 0;
 	bool memo;
 	CUresult r;
 
@@ -143,16 +186,18 @@ sop__stream_id(CUstream stream, uint64_t *id)
 	memo = atomic_load_explicit(&destroys_watched, memory_order_relaxed) &&
 	       !sop__stream_special(stream);
 	if (memo) {
-		/* Read before the driver is asked: a destroy that overlaps the question leaves the
-		 * answer unremembered. */
-		seen = atomic_load_explicit(&destroys, memory_order_acquire);
-		if (SOP_LIKELY(id_recall(stream, seen, id)))
+		if (SOP_LIKELY(id_recall(stream, id)))
 			return CUDA_SUCCESS;
+		/* Read before the driver is asked: a destroy that begins during the question
+		 * leaves the answer unremembered, and so does one under way. */
+		all = destroys_settled(&destroys_all);
+		one = destroys_settled(destroys_slot(stream));
+		memo = all != UINT64_MAX && one != UINT64_MAX;
 	}
 	r = SOP_DRV(cuStreamGetId)(stream, &v);
 	if (SOP_LIKELY(r == CUDA_SUCCESS)) {
 		if (memo)
-			id_remember(stream, v, seen);
+			id_remember(stream, v, all, one);
 		*id = v;
 		return CUDA_SUCCESS;
 	}

@@ -924,14 +924,15 @@ cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags)
  * stream was destroyed (order.c): every call that destroys one is taken here and reported before
  * and after the driver's call, the v1 entry points of old binaries too. */
 
-/* The driver's call, reported as a destroy of streams before and after it. */
-#define DESTROYING(call)                                                                           \
+/* The driver's call, reported before and after it as a destroy of stream (NULL: of a context's
+ * streams, every handle). */
+#define DESTROYING(stream, call)                                                                   \
 	do {                                                                                       \
 		CUresult r_;                                                                       \
 		drv_ensure();                                                                      \
-		sop__stream_destroying();                                                          \
+		sop__stream_destroy_begin(stream);                                                 \
 		r_ = call;                                                                         \
-		sop__stream_destroying();                                                          \
+		sop__stream_destroy_end(stream);                                                   \
 		return r_;                                                                         \
 	} while (0)
 
@@ -941,7 +942,7 @@ cuStreamDestroy(CUstream hStream)
 {
 	if (serving())
 		return sop_stream_destroy(hStream); /* reports it */
-	DESTROYING(FORWARD(cuStreamDestroy_v2, hStream));
+	DESTROYING(hStream, FORWARD(cuStreamDestroy_v2, hStream));
 }
 
 SOP_API CUresult CUDAAPI stream_destroy_v1(CUstream hStream) __asm__("cuStreamDestroy");
@@ -949,11 +950,17 @@ SOP_API CUresult CUDAAPI ctx_destroy_v1(CUcontext ctx) __asm__("cuCtxDestroy");
 SOP_API CUresult CUDAAPI primary_release_v1(CUdevice dev) __asm__("cuDevicePrimaryCtxRelease");
 SOP_API CUresult CUDAAPI primary_reset_v1(CUdevice dev) __asm__("cuDevicePrimaryCtxReset");
 
-/* A hook that reports fn's call as a destroy and passes it on to the driver's member. */
+/* A hook that reports fn's call as a destroy of the streams of a context and passes it on to the
+ * driver's member. */
 #define DESTROY_HOOK(fn, type, member)                                                             \
-	SOP_API CUresult CUDAAPI fn(type arg) { DESTROYING(FORWARD(member, arg)); }
+	SOP_API CUresult CUDAAPI fn(type arg) { DESTROYING(NULL, FORWARD(member, arg)); }
 
-DESTROY_HOOK(stream_destroy_v1, CUstream, cuStreamDestroy_v1)
+SOP_API CUresult CUDAAPI
+stream_destroy_v1(CUstream hStream)
+{
+	DESTROYING(hStream, FORWARD(cuStreamDestroy_v1, hStream));
+}
+
 DESTROY_HOOK(cuCtxDestroy, CUcontext, cuCtxDestroy_v2)
 DESTROY_HOOK(ctx_destroy_v1, CUcontext, cuCtxDestroy_v1)
 /* The primary context goes with its last release, and with a reset. */

@@ -820,9 +820,9 @@ sop_stream_destroy(CUstream stream)
 			sop__pools_stream_gone(st);
 		sop__unpin(pin);
 	}
-	sop__stream_destroying();
+	sop__stream_destroy_begin(stream);
 	r = SOP_DRV(cuStreamDestroy)(stream);
-	sop__stream_destroying(); /* what was asked during the destroy is not remembered */
+	sop__stream_destroy_end(stream);
 	return r;
 }
 
