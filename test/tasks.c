@@ -38,28 +38,68 @@ splitmix(uint64_t *s)
 	return z ^ (z >> 31);
 }
 
+struct task {
+	CUstream s;
+	uint64_t rng;
+	int i, delay;
+	void *p[TASK_LIVE];
+	size_t size[TASK_LIVE];
+};
+
+/* One step of task t: its stream made and its first allocation, an allocation (and, past the
+ * first TASK_LIVE, a free before it), or its end: every block freed, the stream synchronized
+ * and destroyed. A new task's number comes from *next; *live and *peak count its bytes. */
+static void
+task_step(sop_pool_t pool, struct task *t, long *next, size_t *live, size_t *peak)
+{
+	uint64_t x;
+	int k;
+
+	if (t->delay) {
+		t->delay--;
+		return;
+	}
+	if (!t->s) {
+		t->s = th_stream();
+		t->rng = 0x7a5c0000u + (uint64_t)(*next)++;
+		t->i = 0;
+	}
+	if (t->i == TASK_LIVE + TASK_STEPS) {
+		for (k = 0; k < TASK_LIVE; k++) {
+			TH_OK(sop_free_async(t->p[k], t->s));
+			*live -= t->size[k];
+		}
+		TH_OK(sop_stream_synchronize(t->s));
+		TH_OK(sop_stream_destroy(t->s));
+		t->s = NULL;
+		return;
+	}
+	x = splitmix(&t->rng);
+	k = t->i;
+	if (t->i >= TASK_LIVE) {
+		k = (int)(x % TASK_LIVE);
+		TH_OK(sop_free_async(t->p[k], t->s));
+		*live -= t->size[k];
+	}
+	t->size[k] = 1 + (x >> 20) % MAX_SIZE;
+	TH_OK(sop_malloc_from_pool_async(&t->p[k], t->size[k], pool, t->s));
+	*live += t->size[k];
+	if (*live > *peak)
+		*peak = *live;
+	t->i++;
+}
+
+/* A task whole, on this thread. */
 static void
 task_run(sop_pool_t pool, long task)
 {
-	uint64_t rng = 0x7a5c0000u + (uint64_t)task;
-	void *p[TASK_LIVE];
-	CUstream s = th_stream();
-	int i;
+	struct task t;
+	size_t live = 0, peak = 0;
 
-	for (i = 0; i < TASK_LIVE + TASK_STEPS; i++) {
-		uint64_t x = splitmix(&rng);
-		int k = i;
-
-		if (i >= TASK_LIVE) {
-			k = (int)(x % TASK_LIVE);
-			TH_OK(sop_free_async(p[k], s));
-		}
-		TH_OK(sop_malloc_from_pool_async(&p[k], 1 + (x >> 20) % MAX_SIZE, pool, s));
-	}
-	for (i = 0; i < TASK_LIVE; i++)
-		TH_OK(sop_free_async(p[i], s));
-	TH_OK(sop_stream_synchronize(s));
-	TH_OK(sop_stream_destroy(s));
+	memset(&t, 0, sizeof t);
+	do
+		task_step(pool, &t, &task, &live, &peak);
+	while (t.s);
 }
 
 /* Seconds on the monotonic clock. */
@@ -172,60 +212,12 @@ refills(void)
 #define CROWD_TASKS 16
 #define CROWD_ROUNDS 3000
 
-struct crowd_task {
-	CUstream s;
-	uint64_t rng;
-	int i, delay;
-	void *p[TASK_LIVE];
-	size_t size[TASK_LIVE];
-};
-
-static void
-crowd_step(sop_pool_t pool, struct crowd_task *t, long *next, size_t *live, size_t *peak)
-{
-	uint64_t x;
-	int k;
-
-	if (t->delay) {
-		t->delay--;
-		return;
-	}
-	if (!t->s) {
-		t->s = th_stream();
-		t->rng = 0x7a5c0000u + (uint64_t)(*next)++;
-		t->i = 0;
-	}
-	if (t->i == TASK_LIVE + TASK_STEPS) {
-		for (k = 0; k < TASK_LIVE; k++) {
-			TH_OK(sop_free_async(t->p[k], t->s));
-			*live -= t->size[k];
-		}
-		TH_OK(sop_stream_synchronize(t->s));
-		TH_OK(sop_stream_destroy(t->s));
-		t->s = NULL;
-		return;
-	}
-	x = splitmix(&t->rng);
-	k = t->i;
-	if (t->i >= TASK_LIVE) {
-		k = (int)(x % TASK_LIVE);
-		TH_OK(sop_free_async(t->p[k], t->s));
-		*live -= t->size[k];
-	}
-	t->size[k] = 1 + (x >> 20) % MAX_SIZE;
-	TH_OK(sop_malloc_from_pool_async(&t->p[k], t->size[k], pool, t->s));
-	*live += t->size[k];
-	if (*live > *peak)
-		*peak = *live;
-	t->i++;
-}
-
 static void
 crowded_tasks(void)
 {
 	sop_pool_t pool = th_pool(0, 0);
 	uint64_t max = UINT64_MAX, high;
-	struct crowd_task t[CROWD_TASKS];
+	struct task t[CROWD_TASKS];
 	size_t live = 0, peak = 0;
 	long next = 20000, r;
 	int j;
@@ -237,10 +229,10 @@ crowded_tasks(void)
 		t[j].delay = j * (TASK_LIVE + TASK_STEPS) / CROWD_TASKS;
 	for (r = 0; r < CROWD_ROUNDS; r++)
 		for (j = 0; j < CROWD_TASKS; j++)
-			crowd_step(pool, &t[j], &next, &live, &peak);
+			task_step(pool, &t[j], &next, &live, &peak);
 	for (j = 0; j < CROWD_TASKS; j++)
 		while (t[j].s)
-			crowd_step(pool, &t[j], &next, &live, &peak);
+			task_step(pool, &t[j], &next, &live, &peak);
 	high = th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH);
 	printf("crowded tasks: %ld tasks, live peak %.1f MiB, reserved-high %.1f MiB (%.3fx)\n",
 	       next - 20000, (double)peak / (1 << 20), (double)high / (1 << 20),
