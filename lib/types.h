@@ -27,8 +27,8 @@
 /* Physical memory is added at least this much at a time (the driver's pool grows in 32 MiB
  * steps), or what a larger request needs beyond the free memory next to where it goes. */
 #define SOP_SEGMENT_MIN ((size_t)32 << 20)
-/* Once threads have met in a pool, a stream's own segment grows by this much until it maps
- * SOP_SEGMENT_MIN (grow.c, growth_step). */
+/* Once threads have met in a pool, a stream's own segment grows by this much (grow.c,
+ * growth_step). */
 #define SOP_OWN_STEP (SOP_SEGMENT_MIN / 4)
 /* A compacting pool (sop_pool_set_compaction) grows by at least this much, in physical
  * allocations of this size, or of a sixteenth of the growth if that is more, so that more of
