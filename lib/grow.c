@@ -65,11 +65,11 @@ joinable(struct sop__block *b, const struct sop__sstream *ss)
  * 32 MiB each where each needed about 25 (512 MiB reserved for 265 MiB live, 1.93x; 416 MiB,
  * 1.57x, in quarter steps: test/tasks.c, on the simulated driver). Quarter steps only until a
  * segment mapped a whole step left threads that keep more with up to a step each beyond their
- * needs: sixteen of test-crowd's workers, about 145 MiB live each, reserved 2896-2976 MiB on the
- * simulated driver, 2640-2656 in quarter steps all the way (test/placement.c, own_steps). The
- * price is growths: four times as many for a stream past its first 32 MiB, each a create, map
- * and set access of about 60 us on the H100, once. A pool used from one thread keeps whole
- * steps. */
+ * needs: sixteen of test-crowd's workers, about 130 MiB live each, reserved 2896-2976 MiB on the
+ * simulated driver, 2640-2656 in quarter steps all the way (test/placement.c, own_steps); on
+ * the H100 3040-3072 against 2712-2720, the driver's pool 2656. The price is growths: four
+ * times as many for a stream past its first 32 MiB, each a create, map and set access of about
+ * 60 us on the H100, once. A pool used from one thread keeps whole steps. */
 static size_t
 growth_step(const struct sop_pool *pool, const struct sop__segment *seg,
 	    const struct sop__sstream *ss, uint64_t reserved)

@@ -222,7 +222,7 @@ affinity(CUstream s1, CUstream s2)
  * two streams that each keep 100 MiB of 1 MiB blocks, allocating in turn, reserve what they
  * hold rounded up to a quarter step each. What a step maps beyond a stream's needs is memory no
  * other stream takes while that one lives: with whole steps past the first 32 MiB, they
- * reserved 128 MiB each (and test-crowd's sixteen workers of about 145 MiB 2896-2976 MiB on
+ * reserved 128 MiB each (and test-crowd's sixteen workers of about 130 MiB 2896-2976 MiB on
  * the simulated driver, against 2640-2656 in quarter steps all the way). */
 static void
 own_steps(CUstream s1, CUstream s2)
