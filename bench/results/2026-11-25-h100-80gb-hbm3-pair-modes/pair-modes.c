@@ -11,7 +11,7 @@
 static double now(void){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t.tv_sec*1e9+t.tv_nsec;}
 int main(int argc, char **argv){
 	CUdevice d; CUcontext c; CUstream s; sop_pool_t pool; void *p = 0;
-	int pin = argc > 1 && atoi(argv[1]);
+	int pin = argc > 1 && atoi(argv[1]); /* as run: any CPU given pins to CPU 1 */
 	size_t sizes[] = {256, 4096, 65536, 1 << 20, 64 << 20};
 	if (pin) { cpu_set_t m; CPU_ZERO(&m); CPU_SET(pin, &m); sched_setaffinity(0, sizeof m, &m); }
 	cuInit(0); cuDeviceGet(&d,0); cuDevicePrimaryCtxRetain(&c,d); cuCtxSetCurrent(c);
