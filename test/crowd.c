@@ -57,7 +57,7 @@ static struct {
 static CUmemoryPool dpool;
 
 struct worker {
-	_Alignas(64) _Atomic uint64_t live; /* bytes, written by the worker, summed by main */
+	_Alignas(64) _Atomic uint64_t live; /* bytes, as the worker last published them (publish) */
 	atomic_bool done;
 	pthread_t t;
 	uint64_t seed;
