@@ -57,7 +57,7 @@ static struct {
 static CUmemoryPool dpool;
 
 struct worker {
-	_Alignas(64) _Atomic uint64_t live; /* bytes, as the worker last published them (publish) */
+	_Alignas(64) uint64_t live; /* bytes, as the worker last published them (publish) */
 	atomic_bool done;
 	pthread_t t;
 	uint64_t seed;
@@ -121,10 +121,10 @@ static _Alignas(64) _Atomic uint64_t live_max;
 static void
 publish(struct worker *w, uint64_t bytes)
 {
-	uint64_t was = atomic_exchange_explicit(&w->live, bytes, memory_order_relaxed);
-	uint64_t now = atomic_fetch_add(&live_total, bytes - was) + (bytes - was);
+	uint64_t now = atomic_fetch_add(&live_total, bytes - w->live) + (bytes - w->live);
 	uint64_t max = atomic_load_explicit(&live_max, memory_order_relaxed);
 
+	w->live = bytes;
 	while (now > max && !atomic_compare_exchange_weak(&live_max, &max, now))
 		;
 }
