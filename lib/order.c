@@ -791,8 +791,10 @@ sop__stream_mark(struct sop__stream *st)
 
 /* One probe every this many frees on a stream, or sooner (see sop__stream_after_free). */
 #define PROBE_EVERY 64
-/* A stream gets probes by count only once sop has known it this long (young_no_more). */
+/* A stream gets probes by count only once sop has known it this long (count_probe_due). */
 #define PROBE_AGE_NS 1000000
+/* Nor sooner than this after its last probe (count_probe_due). */
+#define PROBE_GAP_NS 200000
 
 /* Record the next probe on st, which handle names in the current call (checked by the caller).
  * st's lock held. */
@@ -828,26 +830,44 @@ probe_record(struct sop__stream *st, CUstream handle)
 		return r;
 	}
 	p->pending = true;
+	atomic_store_explicit(&st->probe_ns, sop__now_ns(), memory_order_relaxed);
 	atomic_store(&st->newest, p->epoch);
 	st->next_probe = (st->next_probe + 1) % SOP_PROBES;
 	atomic_store_explicit(&st->frees_since, 0, memory_order_relaxed);
 	return CUDA_SUCCESS;
 }
 
-/* Whether st is old enough for probes by count. A thread pool whose tasks each make a stream,
- * free on it, synchronize and destroy it within a millisecond has no use for them (the
- * synchronization shows every free complete), and event records on streams that come and go
- * slow the driver's creation and destruction of streams on every thread: five records a task
- * held sixteen threads on the H100 to 3.5-4.6 M pairs/s where one record a task let them run
- * at 6.6-8.2 (with 8 MiB refills, reuse.c). What others need of a young stream they still get:
- * the first free's probe, every free's while the pool is full, and one before a growth or
- * after another stream starved (reuse.c). */
+/* Whether st, past PROBE_EVERY frees since its last probe, gets one by count now.
+ *
+ * Not while it is young: a thread pool whose tasks each make a stream, free on it, synchronize
+ * and destroy it within a millisecond has no use for them (the synchronization shows every free
+ * complete), and event records on streams that come and go slow the driver's creation and
+ * destruction of streams on every thread: five records a task held sixteen threads on the H100
+ * to 3.5-4.6 M pairs/s where one record a task let them run at 6.6-8.2 (with 8 MiB refills,
+ * reuse.c).
+ *
+ * Nor within PROBE_GAP_NS of its last probe: a thread that frees every few hundred nanoseconds
+ * reaches 64 frees every few tens of microseconds, and each probe costs a record and, in the
+ * next slow path that wants news, a query (reuse.c), each microseconds in a process where the
+ * driver's pools run too. Spaced by time, probes cost a bounded share of any stream's time;
+ * what other streams lose is at most the gap in learning of its frees. Random sizes up to
+ * 64 MiB ran at 9.3-11.8x the driver's pool on the H100 where probes every 64 frees gave
+ * 7.2-7.5x (bench/results/2026-11-25-h100-80gb-hbm3-probe-gap-ab/).
+ *
+ * What others need of a stream they still get: the first free's probe, every free's while the
+ * pool is full, one after a quiet spell, and one before a growth or after another stream starved
+ * (reuse.c). */
 static bool
-young_no_more(const struct sop__stream *st, unsigned since)
+count_probe_due(const struct sop__stream *st, unsigned since)
 {
-	/* Past PROBE_EVERY frees a young stream asks the clock every 16th free, not at each. */
-	return since % 16 == 0 &&
-	       sop__now_ns() - st->born_ns >= PROBE_AGE_NS;
+	uint64_t t;
+
+	/* Past PROBE_EVERY frees a stream asks the clock every 16th free, not at each. */
+	if (since % 16)
+		return false;
+	t = sop__now_ns();
+	return t - st->born_ns >= PROBE_AGE_NS &&
+	       t - atomic_load_explicit(&st->probe_ns, memory_order_relaxed) >= PROBE_GAP_NS;
 }
 
 /* Record a probe unless one recorded since covers seq. With checked false, the caller has not
@@ -888,7 +908,7 @@ sop__stream_after_free(struct sop__stream *st, CUstream handle, uint64_t seq, bo
 	 * never trigger this: they would turn every free into a probe. */
 	due = pressure       /* a full pool: cover every free, for internal dependencies */
 	      || !newest     /* never probed: the first free gets one */
-	      || (since >= PROBE_EVERY && young_no_more(st, since)) ||
+	      || (since >= PROBE_EVERY && count_probe_due(st, since)) ||
 	      (atomic_load_explicit(&st->done, memory_order_relaxed) >= newest &&
 	       atomic_load_explicit(&st->epoch, memory_order_relaxed) > newest + 1);
 	if (due)

@@ -437,7 +437,7 @@ affinity_affordable(struct sop_pool *pool)
  * completed free. Never in a pool with a maxSize or under pressure, where memory some stream
  * holds could decide whether another's request fails, nor in a compacting one, which places
  * small requests low on purpose. 8 MiB: a task then takes the lock about 6 times, not 15 as
- * with 2 MiB, which pays only where its stream gets one probe (order.c, young_no_more): with
+ * with 2 MiB, which pays only where its stream gets one probe (order.c, count_probe_due): with
  * five, the driver's stream creation and destruction took what the lock gave back. Pool lock
  * and ss's lock held. */
 #define SOP_REFILL ((size_t)8 << 20)

@@ -443,6 +443,7 @@ struct sop__stream {
 	uint64_t born_ns;         /* when sop first saw it (sop__now_ns): young streams get no
 				   * probes by count (sop__stream_after_free) */
 	_Atomic uint64_t next_poll_ns; /* do not query running probes again before this */
+	_Atomic uint64_t probe_ns; /* when its newest probe was recorded (sop__now_ns) */
 	pthread_mutex_t lock;     /* probes, deps and claims */
 	struct sop__probe probe[SOP_PROBES];
 	unsigned next_probe;

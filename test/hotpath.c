@@ -5,9 +5,10 @@
  * before its record; those are counted apart (captures), and frees ask nothing while no capture
  * was ever seen. Once several streams are in use, frees record a
  * probe event now and then (asking who the stream is first), never more than one per 64 frees in
- * a steady same-stream loop. A thread that records an event on one stream and makes another wait
+ * a steady same-stream loop, nor more than one per 200 us of it (order.c's PROBE_GAP_NS). A thread that records an event on one stream and makes another wait
  * on it makes those two calls and the two queries, whichever two streams they are. */
 #include <string.h>
+#include <time.h>
 
 #include "helpers.h"
 
@@ -42,6 +43,15 @@ total_calls(unsigned long long *record, unsigned long long *ids)
 	return sum;
 }
 
+static uint64_t
+now_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
 static void
 pairs(sop_pool_t pool, CUstream s)
 {
@@ -59,6 +69,7 @@ int
 main(void)
 {
 	unsigned long long before, after, rec0, rec1, id0, id1, cap0;
+	uint64_t t0, t1;
 	const char *names[1];
 	unsigned long long counts[1];
 	size_t n = 0;
@@ -95,13 +106,17 @@ main(void)
 	pairs(pool, s);
 	before = total_calls(&rec0, &id0);
 	cap0 = captures;
+	t0 = now_ns();
 	pairs(pool, s);
+	t1 = now_ns();
 	after = total_calls(&rec1, &id1);
 	printf("hotpath: %d same-stream pairs, two streams in use: %llu driver calls, %llu event "
-	       "records\n",
-	       PAIRS, after - before, rec1 - rec0);
+	       "records in %.2f ms\n",
+	       PAIRS, after - before, rec1 - rec0, (double)(t1 - t0) / 1e6);
 	TH_EQ(captures - cap0, PAIRS + (rec1 - rec0));
 	TH_ASSERT(rec1 - rec0 <= PAIRS / 64 + 1);
+	/* Spaced by time: a probe by count comes at least 200 us after the one before. */
+	TH_ASSERT(rec1 - rec0 <= 1 + (t1 - t0) / 200000);
 	/* One query per allocation, and one before each probe a free records. */
 	TH_EQ(id1 - id0, PAIRS + (rec1 - rec0));
 	TH_EQ(after - before, (id1 - id0) + (rec1 - rec0));
