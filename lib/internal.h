@@ -522,9 +522,9 @@ bool sop__streams_interact(void);
 uint64_t sop__stream_mark(struct sop__stream *st);
 /* After a free tagged seq on the stream, named by handle in the current call: record a probe if
  * one is due. checked: the call asked the driver who handle is (else this does, before a
- * record). */
+ * record). lone: the pool freed to has no stream state but the freeing stream's. */
 void sop__stream_after_free(struct sop__stream *st, CUstream handle, uint64_t seq, bool pressure,
-			    bool checked);
+			    bool checked, bool lone);
 /* Record a probe on the stream (named by handle in the current call, checked) now, unless one
  * already covers frees tagged seq. A failure only loses a chance to learn. */
 void sop__stream_probe(struct sop__stream *st, CUstream handle, uint64_t seq);

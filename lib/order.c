@@ -793,7 +793,7 @@ sop__stream_mark(struct sop__stream *st)
 #define PROBE_EVERY 64
 /* A stream gets probes by count only once sop has known it this long (count_probe_due). */
 #define PROBE_AGE_NS 1000000
-/* Nor sooner than this after its last probe (count_probe_due). */
+/* Nor, in a pool of its own, sooner than this after its last probe (count_probe_due). */
 #define PROBE_GAP_NS 200000
 
 /* Record the next probe on st, which handle names in the current call (checked by the caller).
@@ -846,19 +846,23 @@ probe_record(struct sop__stream *st, CUstream handle)
  * to 3.5-4.6 M pairs/s where one record a task let them run at 6.6-8.2 (with 8 MiB refills,
  * reuse.c).
  *
- * Nor within PROBE_GAP_NS of its last probe: a thread that frees every few hundred nanoseconds
- * reaches 64 frees every few tens of microseconds, and each probe costs a record and, in the
- * next slow path that wants news, a query (reuse.c), each microseconds in a process where the
- * driver's pools run too. Spaced by time, probes cost a bounded share of any stream's time;
- * what other streams lose is at most the gap in learning of its frees. Random sizes up to
- * 64 MiB ran at 9.3-11.8x the driver's pool on the H100 where probes every 64 frees gave
- * 7.2-7.5x (bench/results/2026-11-25-h100-80gb-hbm3-probe-gap-ab/).
+ * Nor, when it is alone in the pool it frees to (lone), within PROBE_GAP_NS of its last probe.
+ * There its probes serve only its own slow path, which queries them to give what completed to
+ * the heap (reuse.c), and a thread that frees every few hundred nanoseconds reaches 64 frees
+ * every few tens of microseconds: a record there, and a query and a capture-mode exchange in a
+ * later slow path, each microseconds in a process where the driver's pools run too. Random
+ * sizes up to 64 MiB ran at 9.8-11.8x the driver's pool on the H100 with the gap against
+ * 7.2-7.5x without (bench/results/2026-11-25-h100-80gb-hbm3-probe-gap-ab/). Where other
+ * streams share the pool they take its frees only as its probes show them complete: a
+ * training step's replay on two streams reserved 5096-5744 MiB with the gap on every stream,
+ * against 4778 without. A stream that joins later learns of the lone one's frees at most the
+ * gap late.
  *
  * What others need of a stream they still get: the first free's probe, every free's while the
  * pool is full, one after a quiet spell, and one before a growth or after another stream starved
  * (reuse.c). */
 static bool
-count_probe_due(const struct sop__stream *st, unsigned since)
+count_probe_due(const struct sop__stream *st, unsigned since, bool lone)
 {
 	uint64_t t;
 
@@ -867,7 +871,8 @@ count_probe_due(const struct sop__stream *st, unsigned since)
 		return false;
 	t = sop__now_ns();
 	return t - st->born_ns >= PROBE_AGE_NS &&
-	       t - atomic_load_explicit(&st->probe_ns, memory_order_relaxed) >= PROBE_GAP_NS;
+	       (!lone || t - atomic_load_explicit(&st->probe_ns, memory_order_relaxed) >=
+				 PROBE_GAP_NS);
 }
 
 /* Record a probe unless one recorded since covers seq. With checked false, the caller has not
@@ -891,7 +896,7 @@ probe_if_uncovered(struct sop__stream *st, CUstream handle, uint64_t seq, bool c
 
 void
 sop__stream_after_free(struct sop__stream *st, CUstream handle, uint64_t seq, bool pressure,
-		       bool checked)
+		       bool checked, bool lone)
 {
 	uint64_t newest = atomic_load_explicit(&st->newest, memory_order_relaxed);
 	/* A load and a store, not an atomic add: frees racing on one stream may lose a count,
@@ -908,7 +913,7 @@ sop__stream_after_free(struct sop__stream *st, CUstream handle, uint64_t seq, bo
 	 * never trigger this: they would turn every free into a probe. */
 	due = pressure       /* a full pool: cover every free, for internal dependencies */
 	      || !newest     /* never probed: the first free gets one */
-	      || (since >= PROBE_EVERY && count_probe_due(st, since)) ||
+	      || (since >= PROBE_EVERY && count_probe_due(st, since, lone)) ||
 	      (atomic_load_explicit(&st->done, memory_order_relaxed) >= newest &&
 	       atomic_load_explicit(&st->epoch, memory_order_relaxed) > newest + 1);
 	if (due)

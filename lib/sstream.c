@@ -50,7 +50,7 @@ sstream_new(struct sop_pool *pool, uint64_t id, struct sop__stream *st, struct s
 	ss->active = true; /* about to be used: not for the next retirement pass */
 	ss->next = pool->streams;
 	__atomic_store_n(&pool->streams, ss, __ATOMIC_RELEASE); /* sop__sstream_find_unlocked */
-	pool->n_streams++;
+	__atomic_store_n(&pool->n_streams, pool->n_streams + 1, __ATOMIC_RELAXED);
 	sop__stream_pool_add(st, pool->handle);
 	return ss;
 }
@@ -224,7 +224,7 @@ sop__sstream_retire_idle(struct sop_pool *pool)
 		pool->retired_hw += ss->used_hw;
 		sop__lock_drop(&ss->lock);
 		__atomic_store_n(pp, ss->next, __ATOMIC_RELEASE);
-		pool->n_streams--;
+		__atomic_store_n(&pool->n_streams, pool->n_streams - 1, __ATOMIC_RELAXED);
 		__atomic_store_n(&ss->next, retired, __ATOMIC_RELAXED);
 		retired = ss;
 	}
@@ -263,7 +263,7 @@ sop__sstream_destroy_all(struct sop_pool *pool)
 		sop__stream_release(ss->st);
 		free(ss);
 	}
-	pool->n_streams = 0;
+	__atomic_store_n(&pool->n_streams, 0, __ATOMIC_RELAXED);
 }
 
 /* ---- Used memory ---------------------------------------------------------------------------- */

@@ -401,8 +401,9 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 				      (atomic_load_explicit(&pool->reuse_opportunistic,
 							    memory_order_relaxed) ||
 				       atomic_load_explicit(&pool->reuse_internal, memory_order_relaxed))))
-				sop__stream_after_free(st, stream, seq, cover || pool_pressed(pool),
-						       checked);
+				sop__stream_after_free(
+					st, stream, seq, cover || pool_pressed(pool), checked,
+					__atomic_load_n(&pool->n_streams, __ATOMIC_RELAXED) <= 1);
 			return CUDA_SUCCESS;
 		}
 		sop__lock_drop(&ss->lock);

@@ -720,7 +720,9 @@ struct sop_pool {
 	/* Its stream states. Changed under the pool lock, with atomic stores where a lookup may
 	 * be walking it without the lock (sstream.c). */
 	struct sop__sstream *streams;
-	size_t n_streams, retire_at; /* a retirement pass when n_streams reaches retire_at */
+	/* A retirement pass when n_streams reaches retire_at. n_streams is stored atomically:
+	 * frees read it without the lock (sop__free_async). */
+	size_t n_streams, retire_at;
 	int64_t retired_hw; /* the highs of states retired since the last fold (sop__pool_used) */
 
 	/* Sharing: the token that export data carries, counts that name pieces and exports, the
