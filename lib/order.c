@@ -853,10 +853,10 @@ probe_record(struct sop__stream *st, CUstream handle)
  * later slow path, each microseconds in a process where the driver's pools run too. Random
  * sizes up to 64 MiB ran at 9.8-11.8x the driver's pool on the H100 with the gap against
  * 7.2-7.5x without (bench/results/2026-11-25-h100-80gb-hbm3-probe-gap-ab/). Where other
- * streams share the pool they take its frees only as its probes show them complete: a
- * training step's replay on two streams reserved 5096-5744 MiB with the gap on every stream,
- * against 4778 without. A stream that joins later learns of the lone one's frees at most the
- * gap late.
+ * streams share the pool they take its frees only as its probes show them complete: on the
+ * H100 a training step's replay on two streams reserved 5096 MiB with the gap on every stream,
+ * against 4778 without (bench/results/2026-11-25-h100-80gb-hbm3-probe-gap-lone-ab/). A stream
+ * that joins later learns of the lone one's frees at most the gap late.
  *
  * What others need of a stream they still get: the first free's probe, every free's while the
  * pool is full, one after a quiet spell, and one before a growth or after another stream starved

@@ -10,7 +10,6 @@
  * makes another wait on it makes those two calls and the two queries, whichever two streams
  * they are. */
 #include <string.h>
-#include <time.h>
 
 #include "helpers.h"
 
@@ -43,15 +42,6 @@ total_calls(unsigned long long *record, unsigned long long *ids)
 			*ids = counts[i];
 	}
 	return sum;
-}
-
-static uint64_t
-now_ns(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
 static void
@@ -130,9 +120,9 @@ main(void)
 		pairs(own, s);
 		before = total_calls(&rec0, &id0);
 		cap0 = captures;
-		t0 = now_ns();
+		t0 = sop__now_ns(); /* the clock the gap is kept by */
 		pairs(own, s);
-		t1 = now_ns();
+		t1 = sop__now_ns();
 		after = total_calls(&rec1, &id1);
 		printf("hotpath: %d same-stream pairs alone in a pool, another stream about: %llu "
 		       "driver calls, %llu event records in %.2f ms\n",
