@@ -40,6 +40,14 @@ mkdir -p "$out"
 	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>/dev/null || true
 	echo "cpus: $(nproc)"
 	uname -srm
+	# How the library was built: the compiler, and whether it took link-time optimization
+	# (meson.build leaves it out where the compiler cannot link with it).
+	sed -n 's/^C compiler for the host machine: //p' "$build/meson-logs/meson-log.txt" 2>/dev/null | head -n 1
+	if grep -q -e '-flto' "$build/build.ninja" 2>/dev/null; then
+		echo "link-time optimization: on"
+	else
+		echo "link-time optimization: off"
+	fi
 } >"$out/machine.txt"
 
 status=0
