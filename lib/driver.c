@@ -235,19 +235,42 @@ sop_driver_calls(const char **names, unsigned long long *counts, size_t *n)
 /* ---- A pool's context ------------------------------------------------------------------------ */
 
 /* The pool's context made current around driver calls that need one (the virtual memory calls,
- * from any thread). */
+ * from any thread). A thread that has it current already, as a program's threads mostly do,
+ * asks which is current and pushes nothing: a push and pop cost about 1 us on the H100 (the pop
+ * 0.9-1.1 us) against 0.05 for the question, on every growth, release and destroy. Each
+ * nesting level of a thread's pushes remembers whether it pushed, in one bit (levels past 64
+ * always push). */
+static __thread uint64_t ctx_pushed __attribute__((tls_model("initial-exec")));
+static __thread unsigned int ctx_depth __attribute__((tls_model("initial-exec")));
 
 CUresult
 sop__pool_ctx_push(struct sop_pool *pool)
 {
-	return SOP_DRV(cuCtxPushCurrent)(pool->ctx);
+	CUcontext cur = NULL;
+	unsigned int d = ctx_depth;
+	CUresult r;
+
+	if (d < 64 && SOP_DRV(cuCtxGetCurrent)(&cur) == CUDA_SUCCESS && cur == pool->ctx) {
+		ctx_pushed &= ~((uint64_t)1 << d);
+		ctx_depth = d + 1;
+		return CUDA_SUCCESS;
+	}
+	r = SOP_DRV(cuCtxPushCurrent)(pool->ctx);
+	if (r == CUDA_SUCCESS) {
+		if (d < 64)
+			ctx_pushed |= (uint64_t)1 << d;
+		ctx_depth = d + 1;
+	}
+	return r;
 }
 
 void
 sop__pool_ctx_pop(struct sop_pool *pool)
 {
+	unsigned int d = --ctx_depth;
 	CUcontext popped;
 
 	(void)pool;
-	SOP_DRV(cuCtxPopCurrent)(&popped);
+	if (d >= 64 || (ctx_pushed >> d & 1))
+		SOP_DRV(cuCtxPopCurrent)(&popped);
 }

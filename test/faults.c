@@ -215,6 +215,43 @@ check_trim(void *arg, CUresult r)
 	live_same(__LINE__);
 }
 
+/* ---- With no context current -------------------------------------------------------------- */
+
+/* sop pushes a pool's context only where the thread has another one current (or none): a
+ * thread that has it current pushes nothing. The ops again, from a thread with no context
+ * current, so that the pushes happen and can fail. */
+static CUresult
+without_ctx(op_fn op, void *arg)
+{
+	CUcontext c;
+	CUresult r;
+
+	/* Not popped and pushed: the sweep fails the test's pushes too. */
+	TH_OK(sop__drv.cuCtxGetCurrent(&c));
+	TH_OK(th.cuCtxSetCurrent(NULL));
+	r = op(arg);
+	TH_OK(th.cuCtxSetCurrent(c));
+	return r;
+}
+
+static CUresult
+op_create_bare(void *arg)
+{
+	return without_ctx(op_create, arg);
+}
+
+static CUresult
+op_grow_bare(void *arg)
+{
+	return without_ctx(op_grow, arg);
+}
+
+static CUresult
+op_trim_bare(void *arg)
+{
+	return without_ctx(op_trim, arg);
+}
+
 /* ---- Synchronization with a release threshold ------------------------------------------- */
 
 static void
@@ -361,6 +398,27 @@ main(void)
 	TH_OK(sop_pool_set_compaction(g.pool, 0));
 	sweep("first-use", first_entries, prep_first, op_first, check_first, &g, false);
 	sweep("trim", trim_entries, prep_trim, op_trim, check_trim, &g, false);
+	{
+		static const char *const push_entries[] = {"cuCtxPushCurrent", NULL};
+		static const char *const ask_entries[] = {"cuCtxGetCurrent", NULL};
+		unsigned long before = th.sim_calls("cuCtxPushCurrent");
+
+		/* The context current: growth and trimming push nothing. */
+		prep_trim(&g);
+		TH_OK(op_trim(&g));
+		TH_OK(op_grow(&g));
+		check_grow(&g, CUDA_SUCCESS);
+		TH_EQ(th.sim_calls("cuCtxPushCurrent"), before);
+		/* With none current, it pushes. */
+		TH_OK(op_grow_bare(&g));
+		check_grow(&g, CUDA_SUCCESS);
+		TH_ASSERT(th.sim_calls("cuCtxPushCurrent") > before);
+		/* Not asked, sop pushes as it would for another context. */
+		sweep("grow-ask", ask_entries, NULL, op_grow, check_grow, &g, true);
+		sweep("create-bare", push_entries, NULL, op_create_bare, check_create, NULL, false);
+		sweep("grow-bare", push_entries, NULL, op_grow_bare, check_grow, &g, false);
+		sweep("trim-bare", push_entries, prep_trim, op_trim_bare, check_trim, &g, false);
+	}
 	keep = 0;
 	TH_OK(sop_pool_set_attr(g.pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
 	{
