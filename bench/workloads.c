@@ -1508,9 +1508,10 @@ wl_growth(void)
 		 "each synchronize hands the memory back and the next allocation maps it again. "
 		 "no-alloc is the bare driver calls the step needs, on an address range reserved "
 		 "beforehand: cuMemCreate, cuMemMap and cuMemSetAccess of one 32 MiB segment for "
-		 "the first allocation; those, cuStreamSynchronize, cuMemUnmap and cuMemRelease "
-		 "per regrow iteration. It is the floor under any pool built on the public "
-		 "virtual memory API. The sides and the floor take turns at every regrow "
+		 "the first allocation; cuMemUnmap, cuMemRelease and cuMemAddressFree of it for "
+		 "destroy; cuMemCreate, cuMemMap, cuMemSetAccess, cuStreamSynchronize, cuMemUnmap "
+		 "and cuMemRelease per regrow iteration. It is the floor under any pool built on the "
+		 "public virtual memory API. The sides and the floor take turns at every regrow "
 		 "iteration.",
 		 n);
 	create = metric_new("growth", "fresh pool", "create", "pool create", "us", 0, false);
@@ -1538,8 +1539,10 @@ wl_growth(void)
 				span_begin(&sp, SIDE_IDEAL);
 				h = vmm_map(&v);
 				metric_add(first, SIDE_IDEAL, span_end(&sp, NULL, 0) / 1e3);
+				t0 = now_ns();
 				vmm_unmap(&v, h);
 				CHECK(drv.cuMemAddressFree(v.va, v.size));
+				metric_add(destroy, SIDE_IDEAL, (now_ns() - t0) / 1e3);
 				continue;
 			}
 			if (!side_allowed(kinds[i]))
