@@ -98,7 +98,8 @@ void *sop__driver_handle(void);
  * (sop's probe events live in it: order.c); *out NULL if it is not active. A stream whose context
  * is not this one is of a context the application created. */
 CUresult sop__driver_primary(CUdevice device, CUcontext *out);
-/* Push and pop the pool's context around driver calls that need one. */
+/* Make the pool's context current around driver calls that need one: pushed and popped only
+ * where the thread has another current, or none. */
 CUresult sop__pool_ctx_push(struct sop_pool *pool);
 void sop__pool_ctx_pop(struct sop_pool *pool);
 
