@@ -210,7 +210,7 @@ sop__pool_check(struct sop_pool *pool)
 	CHECK(reserved == atomic_load(&pool->reserved));
 	CHECK(reserved <= atomic_load(&pool->reserved_high));
 	CHECK(!pool->max_size || reserved <= pool->max_size);
-	CHECK(used == sop__pool_used(pool, false));
+	CHECK(used == sop__pool_used(pool, SOP_FOLD_NONE));
 	{
 		/* The watermark, folded or still in the shards, is at least the current value. */
 		int64_t hw = pool->retired_hw;

@@ -218,7 +218,7 @@ report_pool(struct sop_pool *p, const struct sop_pool *failed)
 		pthread_mutex_unlock(&p->lock);
 		return;
 	}
-	used = sop__pool_used(p, false);
+	used = sop__pool_used(p, SOP_FOLD_NONE);
 	pthread_mutex_unlock(&p->lock);
 	sop__heap_free_extents(p, &largest, &free_bytes);
 	fprintf(stderr,

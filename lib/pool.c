@@ -190,7 +190,7 @@ pool_empty(struct sop_pool *pool)
 	struct sop__sstream *ss;
 
 	/* An imported pool: what it maps and the pointers it has imported (import.c). */
-	if (sop__pool_used(pool, false) ||
+	if (sop__pool_used(pool, SOP_FOLD_NONE) ||
 	    (pool->import && (pool->import->n_pieces || pool->import->n_ptrs)))
 		return false;
 	for (ss = pool->streams; ss; ss = ss->next)
@@ -321,12 +321,12 @@ sop__pool_get_attr(struct sop_pool *pool, CUmemPool_attribute attr, void *value)
 		break;
 	case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
 		pthread_mutex_lock(&pool->lock);
-		v = sop__pool_used(pool, false);
+		v = sop__pool_used(pool, SOP_FOLD_NONE);
 		pthread_mutex_unlock(&pool->lock);
 		break;
 	case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
 		pthread_mutex_lock(&pool->lock);
-		sop__pool_used(pool, true);
+		sop__pool_used(pool, SOP_FOLD_ALL);
 		v = pool->used_high;
 		pthread_mutex_unlock(&pool->lock);
 		break;
@@ -368,7 +368,7 @@ sop__pool_set_attr(struct sop_pool *pool, CUmemPool_attribute attr, void *value)
 		if (v)
 			return CUDA_ERROR_INVALID_VALUE;
 		pthread_mutex_lock(&pool->lock);
-		pool->used_high = sop__pool_used(pool, true); /* and the shards start again */
+		pool->used_high = sop__pool_used(pool, SOP_FOLD_ALL); /* and the shards start again */
 		pthread_mutex_unlock(&pool->lock);
 		return CUDA_SUCCESS;
 	default:

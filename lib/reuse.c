@@ -424,7 +424,7 @@ static bool
 affinity_affordable(struct sop_pool *pool)
 {
 	return atomic_load_explicit(&pool->reserved, memory_order_relaxed) <=
-	       2 * sop__pool_used(pool, false);
+	       2 * sop__pool_used(pool, SOP_FOLD_NONE);
 }
 
 /* Once threads meet in a pool, every request a stream's cache cannot serve takes the pool lock,

@@ -109,6 +109,14 @@ sop__lock_drop(struct sop__lock *l)
 	atomic_store_explicit(&l->held, 0, memory_order_release);
 }
 
+/* Take a lock if it is free at once; true if taken. */
+static inline bool
+sop__lock_try(struct sop__lock *l)
+{
+	return !atomic_load_explicit(&l->held, memory_order_relaxed) &&
+	       !atomic_exchange_explicit(&l->held, 1, memory_order_acquire);
+}
+
 /* Take a lock; true if it had to wait for it. */
 static inline bool
 sop__lock_take_waited(struct sop__lock *l)
@@ -528,13 +536,15 @@ struct sop__sstream {
 	_Alignas(64) struct sop__lock lock;
 	/* Used memory, sharded: bytes allocated on this stream and not yet freed, and the highest
 	 * value since the pool last folded the shards (sop__pool_used). used_local and used_hw change
-	 * only under the lock, so a same-stream allocation and free cost no atomic operation; a free
-	 * on another stream, or sop_free, subtracts from used_remote instead. */
+	 * only under the lock, so a same-stream allocation and free cost no locked instruction (their
+	 * stores are atomic, for readers without the lock); a free on another stream, or sop_free,
+	 * subtracts from used_remote instead. */
 	int64_t used_local, used_hw;
 	_Atomic int64_t used_remote;
 	uint64_t last_seq; /* the tag of the latest free into the cache */
 	uint64_t flushed;  /* frees up to here have left the cache (pool lock) */
 	bool active;       /* allocated or freed on since the last retirement pass */
+	bool fold_due;     /* a synchronization flushed it: its high folds next (pool lock) */
 	struct sop__bins cache;
 	/* Descriptors for splitting and merging cached blocks under the stream's lock alone; the
 	 * last of them too, so that a retired state hands them all back at once (NULL when none). */
@@ -774,6 +784,27 @@ struct sop_pool {
 	struct sop__retired retired; /* once torn down (epoch.c) */
 };
 
+/* Take the pool lock where threads of a busy pool meet (the slow path, a stream's first request,
+ * a synchronization): try it SOP_POOL_SPINS times before sleeping. Those hold it 1-10 us, and
+ * a thread that went to sleep for it waited about 300 us on the H100 (the futex's wake-up, then
+ * often the lock taken again meanwhile): sixteen threads whose tasks each make a stream spent a
+ * third of their time there, with the lock held 40% of the time. The mutex's own adaptive spin
+ * gives up after a hundred tries. */
+#define SOP_POOL_SPINS 1000
+
+static inline void
+sop__pool_lock_spun(struct sop_pool *pool)
+{
+	int i;
+
+	for (i = 0; i < SOP_POOL_SPINS; i++) {
+		if (!pthread_mutex_trylock(&pool->lock))
+			return;
+		sop__cpu_relax();
+	}
+	pthread_mutex_lock(&pool->lock);
+}
+
 /* Take the pool lock for a stream's first request in the pool or an allocation's slow path,
  * noting whether anyone had to wait. Threads that start at once on a fresh pool make their
  * streams known and fill their first blocks there, one after another, and would wait on no
@@ -787,7 +818,7 @@ sop__pool_lock_noting(struct sop_pool *pool)
 		return;
 	if (!atomic_load_explicit(&pool->threads_met, memory_order_relaxed))
 		atomic_store_explicit(&pool->threads_met, true, memory_order_relaxed);
-	pthread_mutex_lock(&pool->lock);
+	sop__pool_lock_spun(pool);
 }
 
 /* Whether a stream of pool other than ss holds at least bytes in its cache: a hint, read
@@ -808,7 +839,8 @@ sop__others_cache(struct sop_pool *pool, const struct sop__sstream *ss, size_t b
 static inline int64_t
 sop__sstream_used(struct sop__sstream *ss)
 {
-	return ss->used_local + atomic_load_explicit(&ss->used_remote, memory_order_relaxed);
+	return __atomic_load_n(&ss->used_local, __ATOMIC_RELAXED) +
+	       atomic_load_explicit(&ss->used_remote, memory_order_relaxed);
 }
 
 /* Count an allocation of req bytes on ss. Its lock held. */
@@ -817,10 +849,10 @@ sop__used_add(struct sop__sstream *ss, struct sop__block *b, size_t req)
 {
 	int64_t now;
 
-	ss->used_local += (int64_t)req;
+	__atomic_store_n(&ss->used_local, ss->used_local + (int64_t)req, __ATOMIC_RELAXED);
 	now = sop__sstream_used(ss);
 	if (now > ss->used_hw)
-		ss->used_hw = now;
+		__atomic_store_n(&ss->used_hw, now, __ATOMIC_RELAXED);
 	__atomic_store_n(&b->alloc_ss, ss, __ATOMIC_RELAXED); /* peeked at by frees: stream.c */
 	__atomic_store_n(&b->req, req, __ATOMIC_RELAXED); /* a broker may be reading it (share.c) */
 }
@@ -830,7 +862,7 @@ static inline void
 sop__used_sub(struct sop__block *b, struct sop__sstream *ss)
 {
 	if (b->alloc_ss == ss)
-		ss->used_local -= (int64_t)b->req;
+		__atomic_store_n(&ss->used_local, ss->used_local - (int64_t)b->req, __ATOMIC_RELAXED);
 	else
 		atomic_fetch_sub_explicit(&b->alloc_ss->used_remote, (int64_t)b->req,
 					  memory_order_relaxed);

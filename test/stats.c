@@ -84,6 +84,40 @@ watermark_tasks(void)
 	TH_OK(sop_pool_destroy(pool));
 }
 
+/* Two streams: one synchronized, the other's free still pending. The synchronization folds the
+ * high of every stream it can, and one it cannot (its lock held by a thread allocating on it)
+ * keeps its high until the next fold: either way the watermark never drops below the peak. */
+static void
+watermark_two_streams(void)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	uint64_t max = UINT64_MAX, zero = 0;
+	CUstream s1 = th_stream(), s2 = th_stream();
+	void *a, *b;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &max));
+	TH_OK(sop_malloc_from_pool_async(&a, 3 * MiB, pool, s2));
+	TH_OK(sop_free_async(a, s2));
+	TH_OK(sop_malloc_from_pool_async(&b, MiB, pool, s1));
+	TH_OK(sop_free_async(b, s1));
+	TH_OK(sop_stream_synchronize(s1));
+	/* The peak was 3 MiB; the sum of the two streams' highs is 4. */
+	TH_ASSERT(th_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH) >= 3 * MiB);
+	TH_ASSERT(th_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH) <= 4 * MiB);
+	TH_OK(sop_malloc_from_pool_async(&b, 2 * MiB, pool, s1));
+	TH_OK(sop_stream_synchronize(s2));
+	TH_ASSERT(th_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH) >= 3 * MiB);
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero));
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH), 2 * MiB);
+	TH_OK(sop_free_async(b, s1));
+	TH_OK(sop_stream_synchronize(s1));
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH), 2 * MiB);
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+	th_stream_destroy(s1);
+	th_stream_destroy(s2);
+}
+
 int
 main(void)
 {
@@ -159,6 +193,7 @@ main(void)
 	free_extents(s);
 	th_stream_destroy(s);
 	watermark_tasks();
+	watermark_two_streams();
 	printf("stats: ok\n");
 	return 0;
 }
