@@ -594,10 +594,10 @@ void sop__sstream_destroy_all(struct sop_pool *pool);
 /* The pool's used memory: the sum of its shards. With a fold, also raise the watermark by the
  * sum of the shards' highs since each last started again (exact when one stream allocated in
  * between; never below the true peak) and start the shards' highs again: every shard's
- * (SOP_FOLD_ALL), or those a synchronization marked fold_due and those whose lock is free
- * (SOP_FOLD_DUE); the others are read without their lock and keep their highs. Pool lock
- * held. */
-enum sop__fold { SOP_FOLD_NONE, SOP_FOLD_ALL, SOP_FOLD_DUE };
+ * (SOP_FOLD_ALL), or those whose lock is free at once (SOP_FOLD_FREE: a synchronization's,
+ * where the streams it synchronized are rarely in use); the others are read without their lock
+ * and keep their highs. Pool lock held. */
+enum sop__fold { SOP_FOLD_NONE, SOP_FOLD_ALL, SOP_FOLD_FREE };
 uint64_t sop__pool_used(struct sop_pool *pool, enum sop__fold fold);
 
 /* ---- reuse.c ----------------------------------------------------------------------------- */

@@ -276,27 +276,25 @@ sop__pool_used(struct sop_pool *pool, enum sop__fold fold)
 
 	for (ss = pool->streams; ss; ss = ss->next) {
 		int64_t u, hw;
-
 		bool locked = false;
 
 		/* Under the stream's lock, so that its allocations do not move the high between the
-		 * read and the restart. A synchronization does not wait for the lock of a stream it
-		 * did not synchronize: taking each of them at every task's synchronization made the
+		 * read and the restart. A synchronization does not wait for a lock that another
+		 * thread holds: taking each stream's lock at every task's synchronization made the
 		 * pool lock's longest hold with sixteen threads on the H100, spinning on the locks of
 		 * streams other threads were allocating on. Such a shard is read as it stands and
 		 * not started again: it keeps every high since it last was, so the sum stays at
 		 * least the peak. */
-		if (fold == SOP_FOLD_ALL || (fold == SOP_FOLD_DUE && ss->fold_due)) {
+		if (fold == SOP_FOLD_ALL) {
 			sop__lock_take(&ss->lock);
 			locked = true;
-		} else if (fold == SOP_FOLD_DUE) {
+		} else if (fold == SOP_FOLD_FREE) {
 			locked = sop__lock_try(&ss->lock);
 		}
 		u = sop__sstream_used(ss);
 		hw = __atomic_load_n(&ss->used_hw, __ATOMIC_RELAXED);
 		if (locked) {
 			__atomic_store_n(&ss->used_hw, u, __ATOMIC_RELAXED);
-			ss->fold_due = false;
 			sop__lock_drop(&ss->lock);
 		}
 		used += u;

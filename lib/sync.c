@@ -87,17 +87,15 @@ sync_complete(const struct sync_mark *marks, size_t n, bool retire)
 		for (ss = pool->streams; ss; ss = ss->next)
 			for (k = 0; k < n; k++)
 				if (ss->st == marks[k].st) {
-					ss->fold_due = true;
 					sop__sstream_flush(ss, marks[k].epoch);
 					sstream_disown_if_idle(pool, ss);
 				}
 		if (retire && pool->n_streams > 16)
 			sop__sstream_retire_idle(pool);
-		/* Fold the used-memory shards of the streams synchronized into the watermark: it
-		 * sums their highs since they last started again, which streams that come and go,
-		 * each synchronized at its end, would otherwise add up task after task
-		 * (sop__pool_used). */
-		sop__pool_used(pool, SOP_FOLD_DUE);
+		/* Fold the used-memory shards into the watermark: it sums their highs since they
+		 * last started again, which streams that come and go, each synchronized at its end,
+		 * would otherwise add up task after task (sop__pool_used). */
+		sop__pool_used(pool, SOP_FOLD_FREE);
 		atomic_store(&pool->pressure, false);
 		sop__pool_apply_threshold(pool);
 		if (!sop__pool_reap(pool))

@@ -544,7 +544,6 @@ struct sop__sstream {
 	uint64_t last_seq; /* the tag of the latest free into the cache */
 	uint64_t flushed;  /* frees up to here have left the cache (pool lock) */
 	bool active;       /* allocated or freed on since the last retirement pass */
-	bool fold_due;     /* a synchronization flushed it: its high folds next (pool lock) */
 	struct sop__bins cache;
 	/* Descriptors for splitting and merging cached blocks under the stream's lock alone; the
 	 * last of them too, so that a retired state hands them all back at once (NULL when none). */
