@@ -457,6 +457,50 @@ compaction_placement(CUstream s, bool compact, bool met)
 	th_stream_destroy(s2);
 }
 
+/* Streams of their own once threads have met: each stream's first growth makes a segment of its
+ * own, a thirty-second of the reservation, and maps a quarter step there. Once the reservation
+ * has no room for another segment, growth falls back to a hole in another stream's segment,
+ * where it maps a whole step: still one piece per growth, each in its own driver allocation. */
+static void
+growth_no_addresses(void)
+{
+	enum { N = 64 };
+	sop_pool_t pool = th_pool(0, 0);
+	struct sop_pool *p = TH_POOL(pool);
+	CUstream s[N];
+	void *a[N];
+	size_t i, segs = 0;
+	unsigned long c0;
+
+	/* The simulated device's reservation runs out of room for segments in fifty streams;
+	 * a GPU's, of tens of gigabytes, in about a thousand. */
+	if (!th.sim_calls) {
+		TH_OK(sop_pool_destroy(pool));
+		return;
+	}
+	atomic_store(&p->threads_met, true);
+	c0 = creates();
+	for (i = 0; i < N; i++) {
+		s[i] = th_stream();
+		TH_OK(sop_malloc_from_pool_async(&a[i], MiB, pool, s[i]));
+		th_fill(a[i], MiB, 0xa0000000u + (uint32_t)i, s[i]);
+		if (p->n_segments > segs)
+			segs = p->n_segments;
+	}
+	/* The reservation ran out of room for segments before the last streams came. */
+	TH_ASSERT(segs < N);
+	TH_EQ(n_pieces(pool), creates() - c0); /* every piece made is there, each a growth's */
+	TH_CHECK(pool);
+	for (i = 0; i < N; i++) {
+		TH_ASSERT(th_verify(a[i], MiB, 0xa0000000u + (uint32_t)i, s[i]));
+		TH_OK(sop_free_async(a[i], s[i]));
+		TH_OK(sop_stream_synchronize(s[i]));
+		th_stream_destroy(s[i]);
+	}
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+}
+
 int
 main(void)
 {
@@ -474,6 +518,7 @@ main(void)
 	compaction_placement(s, false, false);
 	compaction_placement(s, true, false);
 	compaction_placement(s, true, true);
+	growth_no_addresses();
 	th_stream_destroy(s);
 	printf("pieces: ok\n");
 	return 0;
