@@ -113,10 +113,12 @@ env_init(void)
 		    drv.cuMemPoolSetAttribute && drv.cuMemPoolGetAttribute && drv.cuMemPoolTrimTo &&
 		    drv.cuDeviceGetDefaultMemPool && drv.cuMemAllocFromPoolAsync &&
 		    drv.cuMemAllocAsync && drv.cuMemFreeAsync;
+	/* A driver without a default pool (the simulated one) has no driver sides: sop alone. */
+	if (env.pools && drv.cuDeviceGetDefaultMemPool(&env.default_pool, env.dev) != CUDA_SUCCESS)
+		env.pools = false;
 	if (env.pools) {
 		/* Both sides cache: the default pool keeps what it reserved, as sop's pools and
 		 * the pools created here do. */
-		CHECK(drv.cuDeviceGetDefaultMemPool(&env.default_pool, env.dev));
 		CHECK(drv.cuMemPoolSetAttribute(env.default_pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
 						&keep));
 	}
