@@ -489,6 +489,14 @@ struct crowd {
 	_Alignas(64) atomic_long next_task;
 	atomic_int running;
 	long max_tasks; /* tasks: stop once this many were taken (0: the box alone) */
+	/* A run of a fixed work (the driver's) counts the bytes live exactly, on a line of its
+	 * own, and its threads hold their blocks until all of them made their operations
+	 * (worker_replace). Not in the time box: every operation would then write one line from
+	 * every thread, which would slow the threads it times. */
+	bool exact;
+	pthread_barrier_t held;
+	_Alignas(64) _Atomic uint64_t live_now;
+	_Atomic uint64_t live_peak;
 };
 
 /* One thread of a run. live sits on a cache line of its own: the thread writes it at every
@@ -504,6 +512,23 @@ struct worker {
 	double t0, t1;   /* the timed region */
 	bool short_fill; /* the time box ended before THREAD_LIVE blocks were live */
 };
+
+/* w's requested bytes live are now bytes, delta more than before: for the sampler, and in a run
+ * of a fixed work for the exact count. */
+static void
+live_note(struct worker *w, uint64_t bytes, int64_t delta)
+{
+	struct crowd *cr = w->cr;
+	uint64_t now, peak;
+
+	atomic_store_explicit(&w->live, bytes, memory_order_relaxed);
+	if (!cr->exact)
+		return;
+	now = atomic_fetch_add(&cr->live_now, (uint64_t)delta) + (uint64_t)delta;
+	peak = atomic_load(&cr->live_peak);
+	while (now > peak && !atomic_compare_exchange_weak(&cr->live_peak, &peak, now))
+		;
+}
 
 static void
 sleep_ns(double ns)
@@ -522,7 +547,7 @@ static void *
 worker_replace(void *arg)
 {
 	struct worker *w = arg;
-	const struct crowd *cr = w->cr;
+	struct crowd *cr = w->cr;
 	const struct side *sd = cr->sd;
 	struct rng rng = {w->seed};
 	void *p[THREAD_LIVE];
@@ -549,14 +574,14 @@ worker_replace(void *arg)
 				k = (int)(x % THREAD_LIVE);
 				CHECK(side_free(sd, p[k], s));
 				bytes -= size[k];
-				atomic_store_explicit(&w->live, bytes, memory_order_relaxed);
+				live_note(w, bytes, -(int64_t)size[k]);
 				ops++;
 			}
 			size[k] = 1 + (x >> 20) % cr->max_size;
 			CHECK(side_alloc(sd, &p[k], size[k], s));
 			bytes += size[k];
 			ops++;
-			atomic_store_explicit(&w->live, bytes, memory_order_relaxed);
+			live_note(w, bytes, (int64_t)size[k]);
 			if (ops == w->max_ops)
 				break;
 		}
@@ -567,11 +592,16 @@ worker_replace(void *arg)
 	/* The count follows each free, here as in the loop: left at its last value while the
 	 * frees ran, it counted blocks already given back, which the other threads' allocations
 	 * may be using, and the driver's pool, whose frees take microseconds each at sixteen
-	 * threads, seemed to hold less than its live peak. */
+	 * threads, seemed to hold less than its live peak. In a run of a fixed work, each thread
+	 * keeps its blocks until all have made theirs, as where every box ends at once: sop's
+	 * threads make the driver's few operations in microseconds, and the first to finish would
+	 * free before the last had started. */
+	if (cr->exact)
+		pthread_barrier_wait(&cr->held);
 	for (i = 0; i < n; i++) {
 		CHECK(side_free(sd, p[i], s));
 		bytes -= size[i];
-		atomic_store_explicit(&w->live, bytes, memory_order_relaxed);
+		live_note(w, bytes, -(int64_t)size[i]);
 	}
 	CHECK(side_sync(sd, s));
 	CHECK(side_stream_destroy(sd, s));
@@ -607,17 +637,17 @@ task_run(struct worker *w, long task)
 			k = (int)(x % TASK_LIVE);
 			CHECK(side_free(sd, p[k], s));
 			bytes -= size[k];
-			atomic_store_explicit(&w->live, bytes, memory_order_relaxed);
+			live_note(w, bytes, -(int64_t)size[k]);
 		}
 		size[k] = 1 + (x >> 20) % w->cr->max_size;
 		CHECK(side_alloc(sd, &p[k], size[k], s));
 		bytes += size[k];
-		atomic_store_explicit(&w->live, bytes, memory_order_relaxed);
+		live_note(w, bytes, (int64_t)size[k]);
 	}
 	for (i = 0; i < TASK_LIVE; i++) { /* the count follows each free (worker_replace) */
 		CHECK(side_free(sd, p[i], s));
 		bytes -= size[i];
-		atomic_store_explicit(&w->live, bytes, memory_order_relaxed);
+		live_note(w, bytes, -(int64_t)size[i]);
 	}
 	CHECK(side_sync(sd, s));
 	CHECK(side_stream_destroy(sd, s));
@@ -665,7 +695,11 @@ crowd_run(struct crowd *cr, struct worker *w, int n, void *(*fn)(void *), uint64
 	int i;
 
 	atomic_store(&cr->running, n);
+	atomic_store(&cr->live_now, 0);
+	atomic_store(&cr->live_peak, 0);
 	pthread_barrier_init(&cr->bar, NULL, (unsigned)n + 1);
+	if (cr->exact)
+		pthread_barrier_init(&cr->held, NULL, (unsigned)n);
 	for (i = 0; i < n; i++) {
 		memset(&w[i], 0, sizeof w[i]);
 		atomic_init(&w[i].live, 0);
@@ -699,7 +733,11 @@ crowd_run(struct crowd *cr, struct worker *w, int n, void *(*fn)(void *), uint64
 		if (!i || w[i].t1 > last)
 			last = w[i].t1;
 	}
+	if (atomic_load(&cr->live_peak) > *peak)
+		*peak = atomic_load(&cr->live_peak);
 	pthread_barrier_destroy(&cr->bar);
+	if (cr->exact)
+		pthread_barrier_destroy(&cr->held);
 	*pairs = (double)ops / 2;
 	return last - first;
 }
@@ -726,8 +764,11 @@ variant_run(enum variant v, struct side *sd, struct worker *w, int n_threads, do
 	cr.box_ns = limit ? box_ns * 100 : box_ns;
 	cr.max_size = max_size;
 	cr.max_tasks = limit ? limit->tasks : 0;
+	cr.exact = limit != NULL;
 	atomic_init(&cr.next_task, 0);
 	atomic_init(&cr.running, 0);
+	atomic_init(&cr.live_now, 0);
+	atomic_init(&cr.live_peak, 0);
 	/* Arriving: a first set of threads, the same program, runs to its end on the pool
 	 * before the new ones come; its peak counts, its pairs do not. */
 	if (v == VAR_ARRIVING)
@@ -908,7 +949,10 @@ wl_threads(void)
 	    "CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH at the end. In its box the driver's pool makes a "
 	    "fraction of sop's operations, which fragments less: 'the driver's work' runs sop again, "
 	    "on a fresh pool, for exactly the operations each of the driver's threads made (tasks: "
-	    "the driver's tasks), the same program on both sides. sop calls/op: sop's driver calls from "
+	    "the driver's tasks), the same program on both sides; its threads keep their blocks until "
+	    "all of them made their operations, as where the boxes end together, and it counts the "
+	    "live bytes exactly, not by samples (sop makes those operations in microseconds). "
+	    "sop calls/op: sop's driver calls from "
 	    "the timed threads' start to their end, teardown included, over the pairs counted.",
 	    max_size / KiB, box_ns / 1e6, var_size / KiB, box_ns / 1e6, box_ns / 32 / 1e6,
 	    TASK_LIVE, TASK_STEPS, SAMPLE_NS / 1e3);
