@@ -189,6 +189,9 @@ static atomic_int fail_rate_code[SIM_E_COUNT];
 static atomic_ullong fail_draws;
 /* Calls failed by a rule of either kind, per entry point (sim_fails). */
 static atomic_ulong fails[SIM_E_COUNT];
+/* A function called at the start of an entry point's calls (sim_hook); its argument. */
+static _Atomic(sim_hook_fn) hooks[SIM_E_COUNT];
+static void *_Atomic hook_args[SIM_E_COUNT];
 
 static bool rate_fires(enum sim_entry e)
 {
@@ -216,6 +219,11 @@ CUresult sim_enter(enum sim_entry e, bool need_init)
 		return CUDA_ERROR_NOT_PERMITTED;
 	if (need_init && !atomic_load_explicit(&initialized, memory_order_acquire))
 		return CUDA_ERROR_NOT_INITIALIZED;
+	{
+		sim_hook_fn fn = atomic_load_explicit(&hooks[e], memory_order_acquire);
+		if (fn)
+			fn(atomic_load_explicit(&hook_args[e], memory_order_relaxed));
+	}
 	if (atomic_load_explicit(&nrules, memory_order_relaxed))
 		rc = apply_rules(e);
 	if (rc == CUDA_SUCCESS && rate_fires(e))
@@ -294,6 +302,16 @@ SIM_EXPORT void sim_fail_rate(const char *entry, double rate, CUresult code)
 	/* The code first: a call that sees the new rate must not fail with the old code. */
 	atomic_store(&fail_rate_code[e], (int)code);
 	atomic_store(&fail_rate[e], rate >= 1.0 ? UINT32_MAX : (unsigned)(rate * 4294967296.0));
+}
+
+SIM_EXPORT void sim_hook(const char *entry, sim_hook_fn fn, void *arg)
+{
+	int e = entry_by_name(entry);
+
+	if (e < 0)
+		sim_die("sim: sim_hook: no entry point named '%s'", entry ? entry : "(null)");
+	atomic_store(&hook_args[e], arg);
+	atomic_store_explicit(&hooks[e], fn, memory_order_release);
 }
 
 SIM_EXPORT void sim_fail_seed(unsigned long long seed)

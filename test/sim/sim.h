@@ -40,6 +40,17 @@ void sim_fail_clear(void);
 void sim_fail_rate(const char *entry, double rate, CUresult code);
 void sim_fail_seed(unsigned long long seed);
 
+/*
+ * Call fn(arg) at the start of every future call of `entry` (after it is
+ * counted, before anything else, fault rules included), on the calling thread,
+ * until changed (fn NULL removes it). For tests that drive an interleaving:
+ * what other threads do while a thread is inside a driver call. fn may call
+ * the driver; it is called again for a call of `entry` it makes, unless it
+ * removed itself first. An unknown entry name aborts the process.
+ */
+typedef void (*sim_hook_fn)(void *arg);
+void sim_hook(const char *entry, sim_hook_fn fn, void *arg);
+
 /* Number of calls of `entry` failed by a rule of either kind since start. */
 unsigned long sim_fails(const char *entry);
 
