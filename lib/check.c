@@ -98,7 +98,7 @@ sop__pool_check(struct sop_pool *pool)
 {
 	size_t reserved = 0, n_free = 0, n_cached = 0, n_cached_streams = 0, leaves = 0;
 	uint64_t used = 0;
-	size_t n_holes = 0, k;
+	size_t n_holes = 0, n_claims = 0, k;
 	struct sop__segment *seg, *prev_seg = NULL;
 	struct sop__sstream *ss;
 	struct sop__block *b;
@@ -118,7 +118,9 @@ sop__pool_check(struct sop_pool *pool)
 		CHECK(!prev_seg || prev_seg->va + prev_seg->size <= seg->va);
 		CHECK(seg->size && seg->size % pool->granularity == 0);
 		CHECK(seg->first && !seg->first->phys_prev);
-		CHECK(seg->n_pieces && seg->n_pieces <= seg->cap_pieces && seg->mapped);
+		/* A segment with nothing mapped lives only while a growth maps in it. */
+		CHECK((seg->n_pieces || seg->claims) && seg->n_pieces <= seg->cap_pieces &&
+		      (seg->mapped || seg->claims));
 		{
 			size_t mapped = 0, i;
 			CUdeviceptr after = seg->va;
@@ -154,12 +156,12 @@ sop__pool_check(struct sop_pool *pool)
 				backed = at >= bend;
 				for (i = 0; i < seg->n_pieces; i++) {
 					struct sop__piece *pc = seg->pieces[i];
-					if (st == SOP_BLOCK_HOLE)
+					if (st == SOP_BLOCK_HOLE || st == SOP_BLOCK_MAPPING)
 						CHECK(pc->va + pc->size <= b->addr ||
 						      pc->va >= bend);
 				}
 			}
-			CHECK(st == SOP_BLOCK_HOLE || backed);
+			CHECK(st == SOP_BLOCK_HOLE || st == SOP_BLOCK_MAPPING || backed);
 
 			CHECK(b->addr == end && b->seg == seg);
 			CHECK(b->size && b->size % SOP_ALIGN == 0);
@@ -167,7 +169,7 @@ sop__pool_check(struct sop_pool *pool)
 			CHECK(sop__map_get(pool, b->addr) == b);
 			CHECK(!b->phys_next || b->phys_next->phys_prev == b);
 			CHECK(st == SOP_BLOCK_FREE || st == SOP_BLOCK_ALLOC || st == SOP_BLOCK_CACHED ||
-			      st == SOP_BLOCK_HOLE);
+			      st == SOP_BLOCK_HOLE || (st == SOP_BLOCK_MAPPING && seg->claims));
 			if (st == SOP_BLOCK_HOLE) {
 				struct sop__block *h;
 				CHECK(!b->phys_next || sop__block_state(b->phys_next) != SOP_BLOCK_HOLE);
@@ -178,6 +180,8 @@ sop__pool_check(struct sop_pool *pool)
 			} else if (st == SOP_BLOCK_FREE) {
 				CHECK(!b->phys_next || sop__block_state(b->phys_next) != SOP_BLOCK_FREE);
 				n_free++;
+			} else if (st == SOP_BLOCK_MAPPING) {
+				n_claims++;
 			} else if (st == SOP_BLOCK_ALLOC) {
 				CHECK(b->req && b->req <= b->size);
 				used += b->req;
@@ -189,6 +193,8 @@ sop__pool_check(struct sop_pool *pool)
 			n_blocks++;
 		}
 		CHECK(end == seg->va + seg->size);
+		CHECK(n_claims == seg->claims); /* a growth's claim is one block */
+		n_claims = 0;
 		/* The map holds these blocks and nothing else in the segment's range. */
 		CHECK(sop__map_census(pool, seg, &leaves) == n_blocks);
 		leaves += seg->leaves.n;
@@ -209,7 +215,7 @@ sop__pool_check(struct sop_pool *pool)
 	}
 	CHECK(reserved == atomic_load(&pool->reserved));
 	CHECK(reserved <= atomic_load(&pool->reserved_high));
-	CHECK(!pool->max_size || reserved <= pool->max_size);
+	CHECK(!pool->max_size || reserved + pool->mapping <= pool->max_size);
 	CHECK(used == sop__pool_used(pool, SOP_FOLD_NONE));
 	{
 		/* The watermark, folded or still in the shards, is at least the current value. */

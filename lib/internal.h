@@ -295,14 +295,17 @@ void sop__forget_current(struct sop_pool *pool);
 
 /* ---- vmm.c ------------------------------------------------------------------------------- */
 
+/* The access descriptors of a piece of the pool: the owner's, then each peer granted access;
+ * *n of them, malloc'd (NULL without memory). Pool lock held. */
+CUmemAccessDesc *sop__access_list(const struct sop_pool *pool, size_t *n);
 /* Map a physical allocation (made here, or imported) at va, open to the pool's owner and the
- * devices granted access; on a failure nothing stays mapped. Context current. */
+ * devices granted access; on a failure nothing stays mapped. Context current, pool lock held. */
 CUresult sop__piece_open(struct sop_pool *pool, CUdeviceptr va, size_t size,
 			 CUmemGenericAllocationHandle h);
-/* Create, map and open one physical allocation of size bytes at va, accessible to the pool's
- * devices. Context current. */
+/* Create, map and open one physical allocation of size bytes at va, with the n access
+ * descriptors desc (sop__access_list). Context current; the pool lock need not be held. */
 CUresult sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size,
-			CUmemGenericAllocationHandle *h);
+			const CUmemAccessDesc *desc, size_t n, CUmemGenericAllocationHandle *h);
 /* Create one physical allocation of size bytes and release it: whether the driver makes memory
  * as prop asks (a host pool's creation asks, as drivers differ: doc/differences.md), with its
  * code. Context current. */
@@ -397,6 +400,9 @@ struct sop__block *sop__heap_put(struct sop_pool *pool, struct sop__block *b);
 void sop__reserved_add(struct sop_pool *pool, size_t size);
 void sop__hole_link(struct sop_pool *pool, struct sop__block *h);
 void sop__hole_unlink(struct sop_pool *pool, struct sop__block *h);
+/* Turn m (out of every list) into a HOLE, linked, and joined with HOLE neighbours. Pool and
+ * segment lock held. */
+void sop__hole_make(struct sop_pool *pool, struct sop__block *m);
 struct sop__segment *sop__segment_new(struct sop_pool *pool, size_t size, size_t min,
 				      const struct sop__sstream *home);
 void sop__segment_drop(struct sop_pool *pool, struct sop__segment *seg);
@@ -432,10 +438,17 @@ void sop__heap_destroy(struct sop_pool *pool);
  * memory (FREE, or cached on ss) if that maps less, else in a hole of a segment of ss's own or
  * of a new one; wholly free pieces are released first when they add up to what is mapped. The
  * block is out of every bin: FREE (*from NULL), or cached on ss without an owner (*from ss), as
- * sop__block_carve takes it. Pool lock held. CUDA_ERROR_OUT_OF_MEMORY when maxSize, the
- * reservation or the device is exhausted. */
+ * sop__block_carve takes it. Pool lock held, and dropped while the driver maps (grow.c,
+ * Claims): the caller holds nothing it found under the lock across the call, but its own
+ * stream state. One growth at a time: CUDA_ERROR_NOT_READY after waiting for another's (the
+ * heap may now serve the request). CUDA_ERROR_OUT_OF_MEMORY when maxSize, the reservation or
+ * the device is exhausted. */
 CUresult sop__heap_grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size,
 			struct sop__block **out, struct sop__sstream **from);
+/* After sop__heap_grow answered CUDA_ERROR_NOT_READY and the request found its fit in the
+ * heap: wake the next request waiting for growth, which the growth's end did not. Pool lock
+ * held. */
+void sop__growth_pass(struct sop_pool *pool);
 /* Make the segments whose home is ss nobody's, if used (ss's live bytes) is less than half of
  * what they map (0: always): the rest is free memory that only ss would take while they are its.
  * True when none is left whose home is ss. Pool lock held. */

@@ -96,12 +96,14 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, size_t va_size,
 	{
 		/* The pool lock is held for a few hundred nanoseconds at a time (the slow path),
 		 * and many threads may want it: spinning a little before sleeping beats a futex
-		 * round trip. Held across driver calls only on growth and release. */
+		 * round trip. Held across driver calls only on release (growth drops it while the
+		 * driver maps: grow.c). */
 		pthread_mutexattr_t attr;
 		pthread_mutexattr_init(&attr);
 		pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
 		pthread_mutex_init(&pool->lock, &attr);
 		pthread_mutexattr_destroy(&attr);
+		pthread_cond_init(&pool->grown, NULL);
 	}
 	pool->retire_at = SOP_STATES_MIN;
 	pool->token = pool_token(pool);
@@ -177,6 +179,7 @@ fail_ctx:
 	SOP_DRV(cuDevicePrimaryCtxRelease)(pool->device);
 fail_host:
 	free(pool->va_free);
+	pthread_cond_destroy(&pool->grown);
 	pthread_mutex_destroy(&pool->lock);
 	free(pool);
 	return r;
@@ -218,6 +221,7 @@ pool_free(struct sop__retired *r)
 		free(pool->import);
 	}
 	free(pool->access);
+	pthread_cond_destroy(&pool->grown);
 	pthread_mutex_destroy(&pool->lock);
 	free(pool);
 }
@@ -524,6 +528,7 @@ sop__pool_set_access(struct sop_pool *pool, const CUmemAccessDesc *map, size_t c
 		free(pool->access);
 		pool->access = next;
 		pool->n_access = n_next;
+		pool->access_gen++; /* growths in flight catch up (grow.c) */
 		next = NULL;
 	}
 unlock:

@@ -102,7 +102,7 @@ piece_unback(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc,
 	     struct sop__block *d[2], struct sop__leaves *lv)
 {
 	struct sop__segment *seg = f->seg;
-	struct sop__block *m = f, *left = NULL, *right = NULL, *x;
+	struct sop__block *m = f, *left = NULL, *right = NULL;
 	int k = 0;
 
 	sop__bins_remove(&pool->heap, f);
@@ -116,17 +116,7 @@ piece_unback(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc,
 		sop__block_split(pool, m, d[k], pc->size, SOP_BLOCK_FREE, lv);
 		right = d[k++];
 	}
-	atomic_store_explicit(&m->tag, sop__tag(m->addr, SOP_BLOCK_HOLE), memory_order_release);
-	m->seq = 0;
-	sop__hole_link(pool, m);
-	if ((x = m->phys_next) && sop__block_state(x) == SOP_BLOCK_HOLE) {
-		sop__hole_unlink(pool, x);
-		sop__block_absorb_next(pool, m, NULL);
-	}
-	if ((x = m->phys_prev) && sop__block_state(x) == SOP_BLOCK_HOLE) {
-		sop__hole_unlink(pool, m);
-		sop__block_absorb_next(pool, x, NULL);
-	}
+	sop__hole_make(pool, m);
 	sop__lock_drop(&seg->lock);
 	if (left)
 		sop__bins_insert(&pool->heap, left);
@@ -186,7 +176,7 @@ piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc
 		pool->fds_kept--;
 	}
 	free(pc);
-	if (!seg->mapped)
+	if (!seg->mapped && !seg->claims) /* else the growth in it drops it if it fails */
 		sop__segment_drop(pool, seg);
 	return r;
 }

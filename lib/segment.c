@@ -135,6 +135,24 @@ sop__hole_unlink(struct sop_pool *pool, struct sop__block *h)
 	h->free_next = h->free_prev = NULL;
 }
 
+void
+sop__hole_make(struct sop_pool *pool, struct sop__block *m)
+{
+	struct sop__block *x;
+
+	atomic_store_explicit(&m->tag, sop__tag(m->addr, SOP_BLOCK_HOLE), memory_order_release);
+	m->seq = 0;
+	sop__hole_link(pool, m);
+	if ((x = m->phys_next) && sop__block_state(x) == SOP_BLOCK_HOLE) {
+		sop__hole_unlink(pool, x);
+		sop__block_absorb_next(pool, m, NULL);
+	}
+	if ((x = m->phys_prev) && sop__block_state(x) == SOP_BLOCK_HOLE) {
+		sop__hole_unlink(pool, m);
+		sop__block_absorb_next(pool, x, NULL);
+	}
+}
+
 /* A new segment of size bytes of the reservation (min if that much is not to be had), all one
  * HOLE block. */
 struct sop__segment *

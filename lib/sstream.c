@@ -208,10 +208,10 @@ sop__sstream_retire_idle(struct sop_pool *pool)
 		}
 		sop__lock_take(&ss->lock);
 		/* Only a state with nothing cached, nothing allocated on it (a live block names it
-		 * for its used memory) and idle since the last pass goes, or sooner once its
-		 * stream is known to be gone: one in use would be looked up again at once, and
-		 * threads would chase it. */
-		if (ss->cache.n_blocks || sop__sstream_used(ss) ||
+		 * for its used memory), no request waiting for growth, and idle since the last
+		 * pass goes, or sooner once its stream is known to be gone: one in use would be
+		 * looked up again at once, and threads would chase it. */
+		if (ss->cache.n_blocks || sop__sstream_used(ss) || ss->growing ||
 		    (ss->active && !gone)) {
 			ss->active = false;
 			sop__lock_drop(&ss->lock);

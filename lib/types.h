@@ -265,6 +265,9 @@ enum sop__state {
 	SOP_BLOCK_ALLOC = 2,  /* handed to the application */
 	SOP_BLOCK_CACHED = 3, /* freed on a stream, pending there: reusable by that stream only */
 	SOP_BLOCK_HOLE = 4,   /* a range of its segment with no physical memory behind it */
+	/* A range a growth claimed while the driver maps it, the pool lock dropped (grow.c):
+	 * in no list, joined with nothing, found by no search, until the growth ends. */
+	SOP_BLOCK_MAPPING = 5,
 };
 
 /* Bookkeeping for one range of device memory, kept on the host (device memory cannot hold
@@ -377,6 +380,9 @@ struct sop__segment {
 	CUdeviceptr va;
 	size_t size;
 	size_t mapped; /* bytes of its pieces */
+	/* Growths mapping in it with the pool lock dropped: it is not dropped while any is (pool
+	 * lock). */
+	size_t claims;
 	/* Its pieces in address order (found by bisection: release looks for those inside each
 	 * FREE block). Pool lock. */
 	struct sop__piece **pieces;
@@ -544,6 +550,9 @@ struct sop__sstream {
 	uint64_t last_seq; /* the tag of the latest free into the cache */
 	uint64_t flushed;  /* frees up to here have left the cache (pool lock) */
 	bool active;       /* allocated or freed on since the last retirement pass */
+	/* Its request waits for growth with the pool lock dropped (grow.c): not retired
+	 * meanwhile, however empty and idle it looks. Pool lock. */
+	unsigned growing;
 	struct sop__bins cache;
 	/* Descriptors for splitting and merging cached blocks under the stream's lock alone; the
 	 * last of them too, so that a retired state hands them all back at once (NULL when none). */
@@ -746,6 +755,12 @@ struct sop_pool {
 	uint64_t fd_clock;             /* exporter: requests for pieces' descriptors (pool lock) */
 	CUmemAccessDesc *access; /* peers granted access, besides the owner */
 	size_t n_access;
+	uint64_t access_gen; /* counts changes of access, which growths in flight catch up on */
+	/* A growth is mapping with the pool lock dropped (grow.c): the next one waits on grown,
+	 * then looks again. mapping: the bytes it maps, counted with reserved against maxSize. */
+	bool growing;
+	pthread_cond_t grown;
+	size_t mapping;
 	uint64_t used_high; /* pool lock; see sop__pool_used */
 	uint64_t loose_poll_ns; /* pool lock; see flush_observed */
 	/* The stream that last took memory from the heap, which sop__block_merge_own lets no

@@ -16,35 +16,57 @@
 
 #include "internal.h"
 
-/* Map a physical allocation at va and open it to the pool's owner and the devices granted
- * access; on a failure nothing stays mapped. Context current. */
-CUresult
-sop__piece_open(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h)
+CUmemAccessDesc *
+sop__access_list(const struct sop_pool *pool, size_t *n)
 {
-	CUmemAccessDesc *desc;
-	CUresult r;
+	CUmemAccessDesc *desc = calloc(pool->n_access + 1, sizeof *desc);
 	size_t i;
 
-	desc = calloc(pool->n_access + 1, sizeof *desc);
 	if (!desc)
-		return CUDA_ERROR_OUT_OF_MEMORY;
+		return NULL;
 	desc[0].location = pool->props.location;
 	desc[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 	for (i = 0; i < pool->n_access; i++)
 		desc[i + 1] = pool->access[i];
-	r = SOP_DRV(cuMemMap)(va, size, 0, h, 0);
+	*n = pool->n_access + 1;
+	return desc;
+}
+
+/* Map a physical allocation at va and open it as desc says; on a failure nothing stays mapped.
+ * Context current. */
+static CUresult
+piece_open_as(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h,
+	      const CUmemAccessDesc *desc, size_t n)
+{
+	CUresult r = SOP_DRV(cuMemMap)(va, size, 0, h, 0);
+
 	if (r == CUDA_SUCCESS) {
-		r = SOP_DRV(cuMemSetAccess)(va, size, desc, pool->n_access + 1);
+		r = SOP_DRV(cuMemSetAccess)(va, size, desc, n);
 		if (r != CUDA_SUCCESS)
 			SOP_DRV(cuMemUnmap)(va, size);
 	}
+	return r;
+}
+
+CUresult
+sop__piece_open(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h)
+{
+	size_t n;
+	CUmemAccessDesc *desc = sop__access_list(pool, &n);
+	CUresult r;
+
+	if (!desc)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	r = piece_open_as(va, size, h, desc, n);
 	free(desc);
 	return r;
 }
 
-/* Create, map and open one physical allocation of size bytes at va. */
+/* Create, map and open one physical allocation of size bytes at va. Reads nothing that the
+ * pool lock guards: growth calls it with the lock dropped. */
 CUresult
-sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle *h)
+sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size, const CUmemAccessDesc *desc,
+	       size_t n, CUmemGenericAllocationHandle *h)
 {
 	CUmemAllocationProp prop = {0};
 	CUresult r;
@@ -58,7 +80,7 @@ sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGenericA
 	prop.requestedHandleTypes = pool->props.handleTypes;
 	r = SOP_DRV(cuMemCreate)(h, size, &prop, 0);
 	if (r == CUDA_SUCCESS) {
-		r = sop__piece_open(pool, va, size, *h);
+		r = piece_open_as(va, size, *h, desc, n);
 		if (r != CUDA_SUCCESS)
 			SOP_DRV(cuMemRelease)(*h);
 	}

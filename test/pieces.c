@@ -7,6 +7,8 @@
  * the free memory on both sides of it is served by mapping exactly the hole. A free of an address
  * in a released hole is refused and changes nothing. Reserved memory is read after every step;
  * the stream is kept behind a gate wherever frees must stay pending. */
+#include <unistd.h>
+
 #include "helpers.h"
 
 #define MiB ((size_t)1 << 20)
@@ -501,6 +503,236 @@ growth_no_addresses(void)
 	TH_OK(sop_pool_destroy(pool));
 }
 
+/* Growth maps with the pool lock dropped. While the driver creates a piece for a 40 MiB request
+ * on s, another thread either (phase 1) grants a second device access to the pool and
+ * allocates on a stream of its own, from free memory beside a block that stream keeps, or
+ * (phase 2) trims the pool to nothing, which gives back the very piece the growth planned to
+ * join and leaves its segment with nothing mapped, and runs two retirement passes of stream
+ * states, which must leave the state of s alone. Each must finish while the growth is still
+ * in the driver (both waited for it while the pool lock was held through the driver's calls);
+ * the piece mapped meanwhile must be open to the new device; the segment must stay, and the
+ * growth, its plan spoilt, plan again. The request is then served whole, and the pool is
+ * consistent. Simulated driver (its hook on cuMemCreate). */
+struct meanwhile {
+	sop_pool_t pool;
+	bool trim;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done, in_time;
+	CUresult grant, alloc, trimmed;
+	void *p;
+	CUstream s;
+	CUcontext ctx;
+};
+
+static struct meanwhile *hooked;
+
+static void *
+meanwhile_run(void *arg)
+{
+	struct meanwhile *m = arg;
+	CUmemAccessDesc grant = {{CU_MEM_LOCATION_TYPE_DEVICE, 1}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+
+	TH_OK(th.cuCtxSetCurrent(m->ctx));
+	if (m->trim) {
+		struct sop_pool *p = TH_POOL(m->pool);
+
+		m->trimmed = sop_trim_to(m->pool, 0);
+		/* Two retirement passes: the second retires a state idle since the first. */
+		pthread_mutex_lock(&p->lock);
+		sop__sstream_retire_idle(p);
+		sop__sstream_retire_idle(p);
+		pthread_mutex_unlock(&p->lock);
+	} else {
+		m->grant = th_n_devices > 1 ? sop_pool_set_access(m->pool, &grant, 1) : CUDA_SUCCESS;
+		m->alloc = sop_malloc_from_pool_async(&m->p, MiB, m->pool, m->s);
+	}
+	pthread_mutex_lock(&m->lock);
+	m->done = true;
+	pthread_cond_signal(&m->cond);
+	pthread_mutex_unlock(&m->lock);
+	return NULL;
+}
+
+static void
+in_create(void *arg)
+{
+	struct meanwhile *m = hooked;
+	struct timespec until;
+	pthread_t th_id;
+	int rc = 0;
+
+	(void)arg;
+	th.sim_hook("cuMemCreate", NULL, NULL); /* once */
+	TH_ASSERT(!pthread_create(&th_id, NULL, meanwhile_run, m));
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 10;
+	pthread_mutex_lock(&m->lock);
+	while (!m->done && rc == 0)
+		rc = pthread_cond_timedwait(&m->cond, &m->lock, &until);
+	m->in_time = m->done;
+	pthread_mutex_unlock(&m->lock);
+	if (!m->in_time)
+		fprintf(stderr, "pieces: the other thread waited for a growth in the driver\n");
+	pthread_detach(th_id);
+}
+
+static void
+growth_unlocked(CUstream s, bool trim)
+{
+	sop_pool_t pool;
+	struct meanwhile m = {0};
+	size_t big = 40 * MiB;
+	CUmemLocation dev1 = {CU_MEM_LOCATION_TYPE_DEVICE, 1};
+	unsigned long long flags = 0;
+	uint64_t keep_all = UINT64_MAX;
+	void *a, *b, *y = NULL;
+
+	if (!th.sim_hook)
+		return;
+	pool = th_pool(0, 0);
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all));
+	m.pool = pool;
+	m.trim = trim;
+	m.s = th_stream();
+	TH_OK(sop__drv.cuCtxGetCurrent(&m.ctx));
+	pthread_mutex_init(&m.lock, NULL);
+	pthread_cond_init(&m.cond, NULL);
+	/* One step: with trim, wholly free once a's free is known complete; else with y live at
+	 * its start, kept by the other thread's stream, and free memory after it. */
+	if (!trim)
+		TH_OK(sop_malloc_from_pool_async(&y, MiB, pool, m.s));
+	TH_OK(sop_malloc_from_pool_async(&a, MiB, pool, s));
+	TH_OK(sop_free_async(a, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_EQ(reserved(pool), STEP);
+
+	hooked = &m;
+	th.sim_hook("cuMemCreate", in_create, NULL);
+	/* 40 MiB: the free memory of the step joined with a step mapped after it. */
+	TH_OK(sop_malloc_from_pool_async(&b, big, pool, s));
+	th.sim_hook("cuMemCreate", NULL, NULL);
+	pthread_mutex_lock(&m.lock);
+	while (!m.done)
+		pthread_cond_wait(&m.cond, &m.lock);
+	pthread_mutex_unlock(&m.lock);
+	TH_ASSERT(m.in_time);
+	TH_CHECK(pool);
+	/* The state of s, empty and idle to look at while its request waited for growth, was
+	 * not retired under it. */
+	TH_ASSERT(TH_POOL(pool)->streams && TH_POOL(pool)->streams->id);
+	th_fill(b, big, 0xb1b1b1b1u, s);
+	TH_ASSERT(th_verify(b, big, 0xb1b1b1b1u, s));
+	if (trim) {
+		TH_OK(m.trimmed);
+	} else {
+		TH_OK(m.grant);
+		TH_OK(m.alloc);
+		if (th_n_devices > 1) {
+			/* Both ends of b: the end lies in the piece mapped before the grant. */
+			TH_OK(th.cuMemGetAccess(&flags, &dev1, (CUdeviceptr)b));
+			TH_EQ(flags, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+			TH_OK(th.cuMemGetAccess(&flags, &dev1, (CUdeviceptr)b + big - 1));
+			TH_EQ(flags, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+		}
+		th_fill(m.p, MiB, 0xb2b2b2b2u, m.s);
+		TH_ASSERT(th_verify(m.p, MiB, 0xb2b2b2b2u, m.s));
+		TH_OK(sop_free_async(m.p, m.s));
+		TH_OK(sop_free_async(y, m.s));
+	}
+	TH_OK(sop_free_async(b, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_OK(sop_stream_synchronize(m.s));
+	TH_CHECK(pool);
+	th_stream_destroy(m.s);
+	TH_OK(sop_pool_destroy(pool));
+	pthread_mutex_destroy(&m.lock);
+	pthread_cond_destroy(&m.cond);
+}
+
+/* A request that waits for another thread's growth has met that thread in the pool. Threads
+ * that start together on a fresh pool otherwise find the pool lock free while the first one's
+ * growth is in the driver (it maps with the lock dropped), wait for that growth instead, and
+ * nobody notes that threads met: the pool then places their first blocks by best fit alone, in
+ * one another's segments, where every split and merge of theirs shares a segment lock. The
+ * other thread's first request on its own stream comes while this one's growth is in the
+ * driver, and must find the pool's threads met. Simulated driver (its hook on cuMemCreate). */
+struct waiter {
+	sop_pool_t pool;
+	CUstream s;
+	CUcontext ctx;
+	void *p;
+	CUresult r;
+	pthread_t th;
+	bool waited;
+};
+
+static struct waiter *waiting;
+
+static void *
+waiter_run(void *arg)
+{
+	struct waiter *w = arg;
+
+	TH_OK(th.cuCtxSetCurrent(w->ctx));
+	w->r = sop_malloc_from_pool_async(&w->p, MiB, w->pool, w->s);
+	return NULL;
+}
+
+/* In the first growth's cuMemCreate: start the other thread, and return once its request waits
+ * for this growth (two stream states growing: this one's and the waiter's). */
+static void
+in_create_waiter(void *arg)
+{
+	struct waiter *w = waiting;
+	struct sop_pool *p = TH_POOL(w->pool);
+	int i;
+
+	(void)arg;
+	th.sim_hook("cuMemCreate", NULL, NULL); /* once */
+	TH_ASSERT(!pthread_create(&w->th, NULL, waiter_run, w));
+	for (i = 0; i < 10000 && !w->waited; i++) {
+		struct sop__sstream *ss;
+		unsigned n = 0;
+
+		pthread_mutex_lock(&p->lock);
+		for (ss = p->streams; ss; ss = ss->next)
+			n += ss->growing != 0;
+		pthread_mutex_unlock(&p->lock);
+		w->waited = n == 2;
+		if (!w->waited)
+			usleep(1000);
+	}
+}
+
+static void
+growth_wait_meets(CUstream s)
+{
+	struct waiter w = {0};
+	void *a;
+
+	if (!th.sim_hook)
+		return;
+	w.pool = th_pool(0, 0);
+	w.s = th_stream();
+	TH_OK(sop__drv.cuCtxGetCurrent(&w.ctx));
+	waiting = &w;
+	th.sim_hook("cuMemCreate", in_create_waiter, NULL);
+	TH_OK(sop_malloc_from_pool_async(&a, MiB, w.pool, s));
+	th.sim_hook("cuMemCreate", NULL, NULL);
+	TH_ASSERT(!pthread_join(w.th, NULL));
+	TH_ASSERT(w.waited);
+	TH_OK(w.r);
+	TH_ASSERT(atomic_load(&TH_POOL(w.pool)->threads_met));
+	TH_CHECK(w.pool);
+	TH_OK(sop_free_async(a, s));
+	TH_OK(sop_free_async(w.p, w.s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_OK(sop_stream_synchronize(w.s));
+	th_stream_destroy(w.s);
+	TH_OK(sop_pool_destroy(w.pool));
+}
+
 int
 main(void)
 {
@@ -519,6 +751,9 @@ main(void)
 	compaction_placement(s, true, false);
 	compaction_placement(s, true, true);
 	growth_no_addresses();
+	growth_unlocked(s, false);
+	growth_unlocked(s, true);
+	growth_wait_meets(s);
 	th_stream_destroy(s);
 	printf("pieces: ok\n");
 	return 0;
