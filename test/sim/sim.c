@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "sim-internal.h"
 
@@ -208,6 +209,25 @@ static bool rate_fires(enum sim_entry e)
 	return (uint32_t)x < rate;
 }
 
+/* Microseconds each physical-memory call takes (SOP_SIM_VMM_US; 0: none). */
+static unsigned long vmm_us;
+
+/* A real driver's cuMemCreate, cuMemMap and cuMemSetAccess take 20-70 us each (the H100's
+ * 32 MiB growth: 60-70 us in all); the sim's take a few. Where what other threads do while a
+ * growth is in the driver matters, SOP_SIM_VMM_US gives each that long, spent asleep, as a
+ * driver waiting in the kernel is. */
+static void vmm_wait(enum sim_entry e)
+{
+	struct timespec ts;
+
+	if (!vmm_us || (e != SIM_E_cuMemCreate && e != SIM_E_cuMemMap && e != SIM_E_cuMemSetAccess))
+		return;
+	ts.tv_sec = (time_t)(vmm_us / 1000000);
+	ts.tv_nsec = (long)(vmm_us % 1000000) * 1000;
+	while (nanosleep(&ts, &ts) && errno == EINTR)
+		;
+}
+
 CUresult sim_enter(enum sim_entry e, bool need_init)
 {
 	struct sim_thread *t = sim_thread(true);
@@ -224,6 +244,7 @@ CUresult sim_enter(enum sim_entry e, bool need_init)
 		if (fn)
 			fn(atomic_load_explicit(&hook_args[e], memory_order_relaxed));
 	}
+	vmm_wait(e);
 	if (atomic_load_explicit(&nrules, memory_order_relaxed))
 		rc = apply_rules(e);
 	if (rc == CUDA_SUCCESS && rate_fires(e))
@@ -463,6 +484,7 @@ static void read_config(void)
 	sim_cfg.ndevices = (int)ndev;
 	sim_cfg.memory = (size_t)mem;
 	sim_cfg.granularity = (size_t)gran;
+	vmm_us = (unsigned long)env_number("SOP_SIM_VMM_US", 0);
 	parse_handles_env();
 	/* Unset leaves what sim_host_vmm set (on, unless changed). */
 	host_vmm = env_number("SOP_SIM_HOST_VMM", 2);
