@@ -620,6 +620,52 @@ reclaim(CUstream s, CUstream s2)
 	TH_OK(sop_pool_destroy(pool));
 }
 
+/* Threads have met, and the pool can grow by the rule of segment affinity (its reserved memory
+ * within twice its live memory). s1's freed 4 MiB block is complete, but nobody synchronized.
+ * A 4 MiB request on s2, which nothing fits, grows a segment of s2's own without asking s1's
+ * probes: what they showed complete would go to the heap in s1's segment, which the request
+ * does not take, and s1's hot path would no longer find it. s1's next request of that size
+ * takes its block back from its cache. */
+static void
+others_kept(CUstream s1, CUstream s2)
+{
+	cuuint64_t keep = UINT64_MAX;
+	sop_pool_t pool = th_pool(0, 0);
+	struct sop_pool *p = TH_POOL(pool);
+	int on = 1;
+	void *big, *a, *b, *c;
+	size_t heap;
+	unsigned long queries;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &on));
+	atomic_store(&p->threads_met, true);
+	TH_OK(sop_malloc_from_pool_async(&big, 12 * MiB, pool, s1));
+	TH_OK(sop_malloc_from_pool_async(&a, 4 * MiB, pool, s1));
+	TH_OK(sop_free_async(a, s1)); /* s1's first free: it gets a probe */
+	while (th.cuStreamQuery(s1) == CUDA_ERROR_NOT_READY) /* no synchronization for sop */
+		;
+	heap = sop__bins_bytes(&p->heap);
+	TH_ASSERT(2 * th_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT) >=
+		  th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
+	queries = th.sim_calls ? th.sim_calls("cuEventQuery") : 0;
+	TH_OK(sop_malloc_from_pool_async(&b, 4 * MiB, pool, s2));
+	/* s1's probes were not asked (simulated driver: its count of queries). */
+	if (th.sim_calls)
+		TH_EQ(th.sim_calls("cuEventQuery"), queries);
+	TH_ASSERT(segment_of(pool, b) != segment_of(pool, big));
+	TH_EQ(sop__bins_bytes(&p->heap), heap);
+	TH_OK(sop_malloc_from_pool_async(&c, 4 * MiB, pool, s1));
+	TH_ASSERT(c == a);
+	TH_OK(sop_free_async(b, s2));
+	TH_OK(sop_free_async(c, s1));
+	TH_OK(sop_free_async(big, s1));
+	TH_OK(sop_stream_synchronize(s1));
+	TH_OK(sop_stream_synchronize(s2));
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+}
+
 int
 main(void)
 {
@@ -644,6 +690,7 @@ main(void)
 		hot_stays_off_pool_lock(s);
 		pool_wait_meets(s);
 		idle_disowns(s, s2);
+		others_kept(s, s2);
 		reclaim(s, s2);
 		th_stream_destroy(s2);
 	}
