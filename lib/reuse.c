@@ -466,7 +466,7 @@ refill_keep(struct sop_pool *pool, const struct sop__sstream *ss, const struct s
  * hot paths no longer find it: with growth's driver calls out of the pool lock, slow paths ran
  * while others grew and flushed twice as often, and threads that start together held 1.30-1.34
  * times their live peak, against 1.22-1.26 without asking (simulated driver, SOP_SIM_VMM_US of
- * 20; 1.35-1.41 against 1.25-1.28 on the H100 before). Pool lock held. */
+ * 20); on the H100, at two to eight threads, 1.35-1.41 against 1.29-1.31. Pool lock held. */
 static bool
 others_may_serve(struct sop_pool *pool, size_t size)
 {
