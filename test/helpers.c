@@ -1,7 +1,11 @@
 /* helpers.c - shared test scaffolding; see helpers.h. */
 #include <dlfcn.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <sys/socket.h>
 
@@ -27,6 +31,113 @@ th_sym(void *dl, const char *name)
 		memcpy(&th.name, &s_, sizeof s_);                                                  \
 	} while (0)
 
+/* ---- Failures, phases and the watchdog ----------------------------------------------------- */
+
+static pthread_mutex_t phase_lock = PTHREAD_MUTEX_INITIALIZER;
+static char phase[160];
+
+void
+th_phase(const char *fmt, ...)
+{
+	va_list ap;
+
+	pthread_mutex_lock(&phase_lock);
+	va_start(ap, fmt);
+	vsnprintf(phase, sizeof phase, fmt, ap);
+	va_end(ap);
+	pthread_mutex_unlock(&phase_lock);
+}
+
+void
+th_fail(void)
+{
+	pthread_mutex_lock(&phase_lock);
+	if (phase[0])
+		fprintf(stderr, "  (during %s)\n", phase);
+	pthread_mutex_unlock(&phase_lock);
+	exit(1);
+}
+
+/* Gates blocking a stream and not yet opened, opened at exit. */
+#define TH_GATES 64
+static pthread_mutex_t gates_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct th_gate *gates_closed[TH_GATES];
+
+static void gate_release(struct th_gate *g);
+
+static void
+gates_open_all(void)
+{
+	int i;
+
+	pthread_mutex_lock(&gates_lock);
+	for (i = 0; i < TH_GATES; i++)
+		if (gates_closed[i]) {
+			gate_release(gates_closed[i]);
+			gates_closed[i] = NULL;
+		}
+	pthread_mutex_unlock(&gates_lock);
+}
+
+static pthread_t main_thread;
+static atomic_bool where_told;
+
+/* The main thread, stopped by the watchdog: where it was, then nothing more until the exit. */
+static void
+where_handler(int sig)
+{
+	void *frames[48];
+	int n = backtrace(frames, 48);
+	static const char head[] = "watchdog: the main thread is at\n";
+
+	(void)sig;
+	if (write(2, head, sizeof head - 1) > 0)
+		backtrace_symbols_fd(frames, n, 2);
+	atomic_store(&where_told, true);
+	for (;;)
+		pause();
+}
+
+static void *
+watchdog(void *arg)
+{
+	unsigned seconds = (unsigned)(uintptr_t)arg;
+	char what[sizeof phase];
+
+	while (seconds)
+		seconds = sleep(seconds);
+	pthread_mutex_lock(&phase_lock);
+	memcpy(what, phase, sizeof what);
+	pthread_mutex_unlock(&phase_lock);
+	fprintf(stderr, "watchdog: still running after %lu s, during %s\n",
+		(unsigned long)(uintptr_t)arg, what[0] ? what : "(no phase named)");
+	pthread_kill(main_thread, SIGUSR2);
+	for (int i = 0; i < 200 && !atomic_load(&where_told); i++)
+		usleep(10000);
+	/* Not exit(): its handlers (the driver's teardown among them) may be what waits. */
+	_exit(124);
+}
+
+static void
+watchdog_start(void)
+{
+	const char *v = getenv("SOP_TEST_WATCHDOG");
+	unsigned long seconds = v ? strtoul(v, NULL, 10) : 0;
+	struct sigaction sa;
+	pthread_t t;
+	void *warm[1];
+
+	if (!seconds)
+		return;
+	backtrace(warm, 1); /* loads what backtrace needs before a signal handler calls it */
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = where_handler;
+	sigaction(SIGUSR2, &sa, NULL);
+	main_thread = pthread_self();
+	if (pthread_create(&t, NULL, watchdog, (void *)(uintptr_t)seconds) == 0)
+		pthread_detach(t);
+}
+
 bool
 th_init(void)
 {
@@ -36,6 +147,7 @@ th_init(void)
 	void *dl;
 
 	setvbuf(stdout, NULL, _IONBF, 0);
+	watchdog_start();
 	r = sop_device_get_default_pool(&pool, 0);
 	if (r == CUDA_ERROR_NOT_INITIALIZED || r == CUDA_ERROR_NO_DEVICE ||
 	    r == CUDA_ERROR_NOT_SUPPORTED) {
@@ -43,6 +155,13 @@ th_init(void)
 		exit(TH_SKIP);
 	}
 	TH_OK(r);
+	/* Registered after the driver started, so it runs before the driver's teardown.
+	 * SOP_TEST_GATES_AT_EXIT=0 leaves them closed (test/scaffold.c). */
+	{
+		const char *v = getenv("SOP_TEST_GATES_AT_EXIT");
+		if (!v || strcmp(v, "0"))
+			atexit(gates_open_all);
+	}
 	dl = sop__driver_handle();
 	TH_ASSERT(dl);
 	TH_LOAD(dl, cuStreamCreate);
@@ -202,16 +321,39 @@ gate_fn(void *arg)
 void
 th_gate_block(struct th_gate *g, CUstream s)
 {
+	int i, free_slot = -1;
+
+	/* A timed gate opens by itself. */
+	pthread_mutex_lock(&gates_lock);
+	for (i = 0; i < TH_GATES && gates_closed[i] != g; i++)
+		if (!gates_closed[i] && free_slot < 0)
+			free_slot = i;
+	if (!g->timeout_ms && i == TH_GATES && free_slot >= 0)
+		gates_closed[free_slot] = g;
+	pthread_mutex_unlock(&gates_lock);
 	TH_OK(th.cuLaunchHostFunc(s, gate_fn, g));
 }
 
-void
-th_gate_open(struct th_gate *g)
+static void
+gate_release(struct th_gate *g)
 {
 	pthread_mutex_lock(&g->lock);
 	g->open = true;
 	pthread_cond_broadcast(&g->cond);
 	pthread_mutex_unlock(&g->lock);
+}
+
+void
+th_gate_open(struct th_gate *g)
+{
+	int i;
+
+	pthread_mutex_lock(&gates_lock);
+	for (i = 0; i < TH_GATES; i++)
+		if (gates_closed[i] == g)
+			gates_closed[i] = NULL;
+	pthread_mutex_unlock(&gates_lock);
+	gate_release(g);
 }
 
 void

@@ -19,12 +19,17 @@
 
 #define TH_SKIP 77
 
+/* A failed check: says which phase the test was in (th_phase), then exits 1. */
+_Noreturn void th_fail(void);
+/* Name what the test does now (printf-style), for a failure's message and the watchdog's. */
+void th_phase(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 #define TH_ASSERT(cond)                                                                            \
 	do {                                                                                       \
 		if (!(cond)) {                                                                     \
 			fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__,      \
 				#cond);                                                            \
-			exit(1);                                                                   \
+			th_fail();                                                                 \
 		}                                                                                  \
 	} while (0)
 
@@ -34,7 +39,7 @@
 		if (g_ != w_) {                                                                    \
 			fprintf(stderr, "%s:%d: %s is %lld, expected %lld\n", __FILE__, __LINE__, \
 				#got, g_, w_);                                                     \
-			exit(1);                                                                   \
+			th_fail();                                                                 \
 		}                                                                                  \
 	} while (0)
 
@@ -50,7 +55,7 @@
 		if (l_) {                                                                          \
 			fprintf(stderr, "%s:%d: pool check failed at check.c:%d\n", __FILE__,     \
 				__LINE__, l_);                                                     \
-			exit(1);                                                                   \
+			th_fail();                                                                 \
 		}                                                                                  \
 	} while (0)
 
@@ -99,7 +104,11 @@ extern struct th_driver th;
 extern int th_n_devices;
 
 /* Initialise sop and the table, make device 0's primary context current. Exits 77 when no
- * driver or no device is there. Returns true when the driver is the simulated one. */
+ * driver or no device is there. Returns true when the driver is the simulated one.
+ *
+ * With SOP_TEST_WATCHDOG=N (the gpu suite sets it), a test still running after N seconds says
+ * which phase it is in and where its main thread is, and exits 124: a test that waits forever
+ * otherwise holds the suite until the runner's timeout and says nothing. */
 bool th_init(void);
 /* Exit 77 unless the simulated driver is loaded (tests of fault injection and leaks). */
 void th_require_sim(void);
@@ -117,7 +126,10 @@ CUstream th_stream(void); /* a new non-blocking stream */
 void th_stream_destroy(CUstream s);
 
 /* A gate: th_gate_block(g, s) enqueues a host function on s that waits until th_gate_open(g);
- * everything enqueued on s after it waits too. A gate is opened once. A timed gate also opens by
+ * everything enqueued on s after it waits too. A gate is opened once. A test that exits with a
+ * gate still closed (a failed check) has it opened on the way out: the driver's teardown at exit
+ * may wait for the host function, which would turn the failure into a hang
+ * (SOP_TEST_GATES_AT_EXIT=0 leaves it closed: test/scaffold.c). A timed gate also opens by
  * itself after its time: on a GPU, streams share the device's few hardware queues, so work on
  * another stream may wait behind the gate, and a test that waits for that work before opening the
  * gate would wait forever (it then proves less, not wrong: the other stream's work ran later). */

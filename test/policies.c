@@ -390,20 +390,35 @@ main(void)
 	TH_OK(sop_stream_synchronize(s2));
 	TH_OK(sop_stream_synchronize(s3));
 
+	th_phase("scenario A");
 	scenario_a();
+	th_phase("scenario B, opportunistic on");
 	scenario_b(1);
+	th_phase("scenario B, opportunistic off");
 	scenario_b(0);
-	for (int how = 0; how < 3; how++)
+	for (int how = 0; how < 3; how++) {
+		th_phase("scenario C, synchronization point %d", how);
 		scenario_c(how);
+	}
+	th_phase("scenario D, follow on");
 	scenario_d(1);
+	th_phase("scenario D, follow off");
 	scenario_d(0);
+	th_phase("scenario E");
 	scenario_e();
+	th_phase("scenario F, internal on");
 	scenario_f(1);
+	th_phase("scenario F, internal off");
 	scenario_f(0);
-	for (int how = 0; how < 3; how++)
+	for (int how = 0; how < 3; how++) {
+		th_phase("scenario G, synchronization point %d", how);
 		scenario_g(how);
+	}
+	th_phase("scenario K");
 	scenario_k();
+	th_phase("scenario L");
 	scenario_l();
+	th_phase("scenario M");
 	scenario_m();
 	th_stream_destroy(s1);
 	th_stream_destroy(s2);
