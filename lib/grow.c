@@ -625,6 +625,12 @@ sop__heap_grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size,
 	CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
 	int tries;
 
+	/* Torn down (sop__pool_reap) while this request waited for another's growth with the
+	 * lock dropped: its reservation and context are gone, and the request fails as calls on
+	 * a destroyed pool do. Grown there, it mapped memory into addresses that another pool
+	 * may hold by then. */
+	if (atomic_load(&pool->dead))
+		return CUDA_ERROR_INVALID_VALUE;
 	/* One growth at a time: the next one waits for it, with the pool lock dropped, and then
 	 * finds what it mapped beyond its request (a step at least) in the heap. Growths made at
 	 * once, each for itself, reserved 2.1 times the live peak where sixteen threads run a
@@ -645,6 +651,10 @@ sop__heap_grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size,
 			pthread_cond_wait(&pool->grown, &pool->lock);
 		if (ss)
 			ss->growing--;
+		if (atomic_load(&pool->dead)) {
+			sop__growth_pass(pool); /* the next waiter finds it dead too */
+			return CUDA_ERROR_INVALID_VALUE;
+		}
 		return CUDA_ERROR_NOT_READY;
 	}
 	pool->growing = true;

@@ -733,6 +733,185 @@ growth_wait_meets(CUstream s)
 	TH_OK(sop_pool_destroy(w.pool));
 }
 
+/* How many stream states of the pool have a request growing or waiting for a growth. */
+static int
+growing_states(struct sop_pool *p)
+{
+	struct sop__sstream *ss;
+	int n = 0;
+
+	pthread_mutex_lock(&p->lock);
+	for (ss = p->streams; ss; ss = ss->next)
+		n += ss->growing != 0;
+	pthread_mutex_unlock(&p->lock);
+	return n;
+}
+
+/* A request that waited for another's growth finds the pool torn down meanwhile: it fails as
+ * calls on a destroyed pool do, and makes no driver call for it. Policies off but follow. X
+ * (48 MiB) is cached on s3, its free pending; Y's 32 MiB piece is idle. T1 asks for 40 MiB: its growth maps with the pool lock dropped, and T2's 40 MiB request
+ * waits for it on grown. Meanwhile a peer is granted access and the pool is destroyed: Y's
+ * piece goes (its cuMemRelease fails: an orphan, retried later), and the teardown waits for X.
+ * T1's growth fails (its access catch-up), wakes T2 and returns out of memory; T1 then retries
+ * the orphan under the lock (alloc_slow step 5), long enough for T2 to queue on the pool lock
+ * behind R, a synchronization of s3 (any thread's may come then). R flushes X, gives it back
+ * and reaps the pool: dead, its reservation freed, its context released. T2 then takes the
+ * lock and finds nothing: it must not grow the dead pool (a segment of the freed reservation,
+ * which pool B, made meanwhile, may hold by then). Simulated driver, two devices. */
+static struct {
+	sop_pool_t pool;
+	struct sop_pool *p;
+	CUstream s2, s3;
+	CUcontext ctx;
+	pthread_t t2, r;
+	void *p2;
+	CUresult r2, rd;
+	int set_access, releases;
+	atomic_bool grew_dead, held;
+	sop_pool_t b; /* made while R reaps: it may take the freed reservation */
+} rp;
+
+/* R's reap releases the pool's context after freeing its reservation: make another pool then. */
+static void
+d_ctx_release(void *arg)
+{
+	(void)arg;
+	th.sim_hook("cuDevicePrimaryCtxRelease", NULL, NULL);
+	rp.b = th_pool(0, 0);
+}
+
+static void *
+d_t2(void *arg)
+{
+	(void)arg;
+	TH_OK(th.cuCtxSetCurrent(rp.ctx));
+	rp.r2 = sop_malloc_from_pool_async(&rp.p2, 40 * MiB, rp.pool, rp.s2);
+	return NULL;
+}
+
+static void *
+d_r(void *arg)
+{
+	(void)arg;
+	TH_OK(th.cuCtxSetCurrent(rp.ctx));
+	rp.rd = sop_stream_synchronize(rp.s3);
+	return NULL;
+}
+
+/* A physical-memory call once the pool is dead (T2 is pinned in its call: p is readable). */
+static void
+d_after(void *arg)
+{
+	(void)arg;
+	if (atomic_load(&rp.p->dead))
+		atomic_store(&rp.grew_dead, true);
+}
+
+/* cuMemRelease: T1's failed piece first, then its retry of the orphan (step 5), under the pool
+ * lock after its growth woke T2: let T2 queue on the lock behind R; the retry fails again, so
+ * that T1 does not grow again. */
+static void
+d_release(void *arg)
+{
+	(void)arg;
+	if (++rp.releases < 2)
+		return;
+	th.sim_hook("cuMemRelease", NULL, NULL);
+	usleep(200000);
+	th.sim_fail("cuMemRelease", 1, CUDA_ERROR_UNKNOWN);
+	atomic_store(&rp.held, true);
+}
+
+/* cuMemSetAccess: the first is T1's piece opened with the lock dropped; the second its catch-up
+ * under the lock, after the grant: queue R on the pool lock, then fail the call. */
+static void
+d_set_access(void *arg)
+{
+	(void)arg;
+	if (++rp.set_access < 2)
+		return;
+	th.sim_hook("cuMemSetAccess", d_after, NULL);
+	TH_ASSERT(!pthread_create(&rp.r, NULL, d_r, NULL));
+	usleep(200000); /* R waits for the pool lock, which T1 holds */
+	th.sim_hook("cuMemRelease", d_release, NULL);
+	th.sim_hook("cuDevicePrimaryCtxRelease", d_ctx_release, NULL);
+	th.sim_fail("cuMemSetAccess", 1, CUDA_ERROR_OUT_OF_MEMORY);
+}
+
+/* T1's cuMemCreate, the pool lock dropped: start T2, let it wait for this growth, grant a peer
+ * access (growth catches up on it under the lock), destroy the pool. */
+static void
+d_create(void *arg)
+{
+	CUmemAccessDesc grant = {{CU_MEM_LOCATION_TYPE_DEVICE, 1}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+	int i;
+
+	(void)arg;
+	th.sim_hook("cuMemCreate", d_after, NULL);
+	TH_ASSERT(!pthread_create(&rp.t2, NULL, d_t2, NULL));
+	for (i = 0; i < 10000 && growing_states(rp.p) < 2; i++)
+		usleep(1000);
+	TH_EQ(growing_states(rp.p), 2);
+	TH_OK(sop_pool_set_access(rp.pool, &grant, 1));
+	th.sim_fail("cuMemRelease", 1, CUDA_ERROR_UNKNOWN);
+	TH_OK(sop_pool_destroy(rp.pool)); /* not torn down: X is cached, T1's claim maps */
+	TH_ASSERT(TH_POOL(rp.pool));
+	TH_EQ(rp.p->n_orphans, 1);
+	th.sim_hook("cuMemSetAccess", d_set_access, NULL);
+}
+
+static void
+growth_pool_reaped(CUstream s)
+{
+	cuuint64_t keep = UINT64_MAX;
+	int off = 0;
+	void *x, *y, *a = NULL;
+	CUresult r;
+
+	if (!th.sim_hook || th_n_devices < 2)
+		return;
+	rp.pool = th_pool(0, 0);
+	rp.p = TH_POOL(rp.pool);
+	rp.s2 = th_stream();
+	rp.s3 = th_stream();
+	TH_OK(sop__drv.cuCtxGetCurrent(&rp.ctx));
+	TH_OK(sop_pool_set_attr(rp.pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	TH_OK(sop_pool_set_attr(rp.pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &off));
+	TH_OK(sop_pool_set_attr(rp.pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off));
+	TH_OK(sop_malloc_from_pool_async(&x, 48 * MiB, rp.pool, rp.s3));
+	TH_OK(sop_malloc_from_pool_async(&y, MiB, rp.pool, s));
+	TH_OK(sop_free_async(y, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_OK(sop_free_async(x, rp.s3)); /* pending: s3 is not synchronized */
+	TH_EQ(th_attr(rp.pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 80 * MiB);
+	th.sim_hook("cuMemCreate", d_create, NULL);
+	r = sop_malloc_from_pool_async(&a, 40 * MiB, rp.pool, s);
+	TH_ASSERT(!pthread_join(rp.t2, NULL));
+	TH_ASSERT(!pthread_join(rp.r, NULL));
+	th.sim_hook("cuMemCreate", NULL, NULL);
+	th.sim_hook("cuMemSetAccess", NULL, NULL);
+	th.sim_hook("cuMemRelease", NULL, NULL);
+	th.sim_fail_clear();
+	if (rp.b) {
+		void *q;
+
+		/* Pool B is whole: its first allocation succeeds. */
+		TH_OK(sop_malloc_from_pool_async(&q, MiB, rp.b, s));
+		TH_OK(sop_free_async(q, s));
+		TH_OK(sop_stream_synchronize(s));
+		TH_CHECK(rp.b);
+		TH_OK(sop_pool_destroy(rp.b));
+	}
+	TH_EQ(r, CUDA_ERROR_OUT_OF_MEMORY);
+	TH_ASSERT(atomic_load(&rp.held));
+	TH_OK(rp.rd);
+	TH_ASSERT(!TH_POOL(rp.pool)); /* reaped */
+	TH_ASSERT(!atomic_load(&rp.grew_dead));
+	TH_EQ(rp.r2, CUDA_ERROR_INVALID_VALUE); /* as a request that finds the pool dead */
+	th_stream_destroy(rp.s2);
+	th_stream_destroy(rp.s3);
+}
+
 int
 main(void)
 {
@@ -754,6 +933,7 @@ main(void)
 	growth_unlocked(s, false);
 	growth_unlocked(s, true);
 	growth_wait_meets(s);
+	growth_pool_reaped(s);
 	th_stream_destroy(s);
 	printf("pieces: ok\n");
 	return 0;
