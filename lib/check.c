@@ -199,8 +199,9 @@ sop__pool_check(struct sop_pool *pool)
 		CHECK(sop__map_census(pool, seg, &leaves) == n_blocks);
 		leaves += seg->leaves.n;
 	}
-	/* Every leaf made is attached, or a segment's spare, or the pool's: none is lost. */
-	CHECK(leaves + sop__map_spare_leaves(pool) == pool->n_leaves);
+	/* Every leaf made is attached, or a segment's spare, or the pool's, or held by the growth
+	 * in flight: none is lost. */
+	CHECK(leaves + sop__map_spare_leaves(pool) + pool->mapping_leaves == pool->n_leaves);
 	for (b = pool->holes; b; b = b->free_next)
 		n_holes--;
 	CHECK(n_holes == 0);

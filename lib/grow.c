@@ -553,6 +553,7 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 	}
 	at = pl.at_end ? pl.hole->addr + pl.hole->size - pl.size : pl.hole->addr;
 	b = claim(pool, pl.hole, at, pl.size, d, &k, &lv);
+	pool->mapping_leaves = lv.n; /* for sop__pool_check meanwhile */
 	pthread_mutex_unlock(&pool->lock);
 
 	va = at;
@@ -578,6 +579,7 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 		}
 		sop__pool_ctx_pop(pool);
 	}
+	pool->mapping_leaves = 0;
 	b = claim_end(pool, b, pl.size, va, r == CUDA_SUCCESS ? mapped : 0, d, &k, &lv);
 	fresh = NULL; /* claim_end drops it if nothing was mapped */
 	if (r != CUDA_SUCCESS)

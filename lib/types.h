@@ -761,6 +761,7 @@ struct sop_pool {
 	bool growing;
 	pthread_cond_t grown;
 	size_t mapping;
+	unsigned mapping_leaves; /* spare leaves the growth in flight holds for its splits */
 	uint64_t used_high; /* pool lock; see sop__pool_used */
 	uint64_t loose_poll_ns; /* pool lock; see flush_observed */
 	/* The stream that last took memory from the heap, which sop__block_merge_own lets no

@@ -912,6 +912,39 @@ growth_pool_reaped(CUstream s)
 	th_stream_destroy(rp.s3);
 }
 
+/* The pool's invariants hold while a growth maps: sop__pool_check allows a growth in flight
+ * (MAPPING blocks, claims, pool->mapping), and the spare leaves the growth took for its splits,
+ * neither attached, nor a segment's, nor the pool's while it maps, count as the growth's.
+ * Simulated driver. */
+static sop_pool_t c_pool;
+static int c_line = -1;
+
+static void
+c_create(void *arg)
+{
+	(void)arg;
+	th.sim_hook("cuMemCreate", NULL, NULL);
+	c_line = sop__pool_check(TH_POOL(c_pool)); /* the pool lock is free: growth dropped it */
+}
+
+static void
+growth_check_mid(CUstream s)
+{
+	void *a;
+
+	if (!th.sim_hook)
+		return;
+	c_pool = th_pool(0, 0);
+	th.sim_hook("cuMemCreate", c_create, NULL);
+	TH_OK(sop_malloc_from_pool_async(&a, MiB, c_pool, s));
+	th.sim_hook("cuMemCreate", NULL, NULL);
+	TH_EQ(c_line, 0);
+	TH_OK(sop_free_async(a, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_CHECK(c_pool);
+	TH_OK(sop_pool_destroy(c_pool));
+}
+
 int
 main(void)
 {
@@ -933,6 +966,7 @@ main(void)
 	growth_unlocked(s, false);
 	growth_unlocked(s, true);
 	growth_wait_meets(s);
+	growth_check_mid(s);
 	growth_pool_reaped(s);
 	th_stream_destroy(s);
 	printf("pieces: ok\n");
