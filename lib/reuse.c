@@ -632,6 +632,13 @@ alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, 
 		note_starved(pool, ss, size);
 		may_home(ss);
 		r = grow_or_find(pool, ss, size, &b, &from);
+		/* Growth failed (maxSize, a memory limit, the device full): other streams' frees
+		 * that their probes show complete, which a request that can grow leaves in their
+		 * caches (others_may_serve), may serve it, as they would the driver's pool. */
+		if (r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reuse_opportunistic) &&
+		    flush_observed(pool, ss, 0) &&
+		    (b = best_take(pool, ss, size, &from, &crowded)) != NULL)
+			r = CUDA_SUCCESS;
 		if (r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reserved)) {
 			/* 5. Idle pieces given back to make room for one that fits. */
 			if (sop__heap_release(pool, 0, 0) == CUDA_SUCCESS)

@@ -666,6 +666,38 @@ others_kept(CUstream s1, CUstream s2)
 	TH_OK(sop_pool_destroy(pool));
 }
 
+/* The same, at the pool's maxSize: growth fails, and s1's completed free, which the request was
+ * not to ask for while the pool could grow, is what serves it (the driver's pool serves it from
+ * there too): with the opportunistic policy and internal dependencies off, sop answered out of
+ * memory, and with internal dependencies on, it made s2 wait for s1 for nothing. */
+static void
+others_asked_at_cap(CUstream s1, CUstream s2)
+{
+	sop_pool_t pool = th_pool(0, 16 * MiB);
+	cuuint64_t keep = UINT64_MAX;
+	int on = 1, off = 0;
+	void *big, *a, *b;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &on));
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off));
+	atomic_store(&TH_POOL(pool)->threads_met, true);
+	TH_OK(sop_malloc_from_pool_async(&big, 12 * MiB, pool, s1));
+	TH_OK(sop_malloc_from_pool_async(&a, 4 * MiB, pool, s1));
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 16 * MiB);
+	TH_OK(sop_free_async(a, s1)); /* s1's first free: it gets a probe */
+	while (th.cuStreamQuery(s1) == CUDA_ERROR_NOT_READY) /* no synchronization for sop */
+		;
+	TH_OK(sop_malloc_from_pool_async(&b, 4 * MiB, pool, s2));
+	TH_ASSERT(b == a);
+	TH_OK(sop_free_async(b, s2));
+	TH_OK(sop_free_async(big, s1));
+	TH_OK(sop_stream_synchronize(s1));
+	TH_OK(sop_stream_synchronize(s2));
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+}
+
 int
 main(void)
 {
@@ -691,6 +723,7 @@ main(void)
 		pool_wait_meets(s);
 		idle_disowns(s, s2);
 		others_kept(s, s2);
+		others_asked_at_cap(s, s2);
 		reclaim(s, s2);
 		th_stream_destroy(s2);
 	}
