@@ -7,8 +7,9 @@
  * that hold a stream busy and open it again, events recorded and waited on, stream, event and
  * context synchronizations, and raw queries until a stream is idle (no synchronization point,
  * for either pool). Each program has one of the sixteen combinations of the three reuse
- * policies and the release threshold (0 or never). The generator draws them from a seed; the
- * same program runs
+ * policies and the release threshold (0 or never), and every other run of sixteen has sop's
+ * pool placing as one whose streams run on several threads (segment affinity, design.md).
+ * The generator draws them from a seed; the same program runs
  *   - in CI, on sop alone (simulated driver), checked step by step against a model of the
  *     driver's rules, below;
  *   - with --driver, on the driver's own pool and on a sop pool in the same process (on a GPU),
@@ -21,7 +22,9 @@
  * program, its seed and index: `test-pressure --seed N --program K` runs that one alone, and
  * `--seed N --programs M` runs M programs from seed N.
  *
- * The model. Every block is BLOCK bytes (16 MiB) and every cap a multiple of 32 MiB, so that
+ * The model. Every block is BLOCK bytes (16 MiB; 8 MiB where threads have met in sop's pool, so
+ * that the rules of segment affinity, which concern requests of up to 8 MiB, apply) and every
+ * cap a multiple of 32 MiB, so that
  * the driver (32 MiB chunks, 512-byte rounding) and sop (32 MiB steps, the same rounding) hold
  * exactly the same number of blocks at their caps, and every free range is a whole block: the
  * comparison is about reuse, not about placement or growth steps. The model assumes the driver
@@ -105,7 +108,14 @@ struct program {
 	int n_streams;
 	int n;
 	struct step st[MAX_STEPS];
+	bool met; /* sop's pool as one whose streams run on several threads (segment affinity) */
 };
+
+static size_t
+program_block(const struct program *p)
+{
+	return p->met ? BLOCK / 2 : BLOCK;
+}
 
 static void
 step_print(const struct step *x, int i)
@@ -148,9 +158,10 @@ static void
 program_print(const struct program *p)
 {
 	printf("program%s%s: policies follow=%d opportunistic=%d internal=%d, threshold %s, cap %d "
-	       "blocks of %zu MiB, %d streams\n",
+	       "blocks of %zu MiB, %d streams%s\n",
 	       p->name ? " " : "", p->name ? p->name : "", p->follow, p->opportunistic,
-	       p->internal, p->keep ? "never" : "0", p->cap, BLOCK / MiB, p->n_streams);
+	       p->internal, p->keep ? "never" : "0", p->cap, program_block(p) / MiB, p->n_streams,
+	       p->met ? ", threads met in sop's pool" : "");
 	for (int i = 0; i < p->n; i++)
 		step_print(&p->st[i], i);
 	printf("  then: open every gate, context sync, free what is live, context sync\n");
@@ -295,7 +306,8 @@ pick(uint64_t *x, int n)
 
 static int n_steps_gen = MAX_STEPS;
 
-/* Program k of a seed: the policies and threshold go through their sixteen combinations. */
+/* Program k of a seed: the policies and threshold go through their sixteen combinations, then
+ * the same with threads met in sop's pool. */
 static void
 generate(struct program *p, uint64_t seed, int k)
 {
@@ -310,7 +322,9 @@ generate(struct program *p, uint64_t seed, int k)
 	p->opportunistic = combo >> 1 & 1;
 	p->internal = combo >> 2 & 1;
 	p->keep = combo >> 3 & 1;
-	p->cap = 2 * (1 + pick(&x, 3)); /* 2, 4 or 6 blocks */
+	p->met = k / 16 % 2;
+	/* 2, 4 or 6 blocks; 4 or 8 of half the size where threads have met */
+	p->cap = p->met ? 4 * (1 + pick(&x, 2)) : 2 * (1 + pick(&x, 3));
 	p->n_streams = 3 + pick(&x, 2);
 	order_init(&o, p->n_streams, p->internal);
 	while (p->n < n_steps_gen && p->n < MAX_STEPS) {
@@ -385,7 +399,7 @@ static const struct program fixed[] = {
 	 * neighbour freed on s0 while s0 is busy; s1 asks for a block. The driver hands out the
 	 * synchronized one; sop's free of the neighbour had joined it to the pending block. */
 	{"synchronized-next-to-busy", 0, 0, 0, false, 4, 3, 9,
-	 {A(2, 0), A(2, 1), A(0, 2), A(0, 3), F(0, 2), SS(0), G(0), F(0, 3), A(1, 4)}},
+	 {A(2, 0), A(2, 1), A(0, 2), A(0, 3), F(0, 2), SS(0), G(0), F(0, 3), A(1, 4)}, false},
 };
 
 /* ---- The driver's pool entry points (not in sop's table) ---------------------------------- */
@@ -468,6 +482,7 @@ struct check {
 struct side {
 	const char *name;
 	bool is_sop;
+	size_t block; /* the program's block size */
 	sop_pool_t sp;
 	CUmemoryPool dp;
 	CUevent ev[MAX_EVENTS];
@@ -516,8 +531,8 @@ x_alloc(struct side *x, CUdeviceptr *out, CUstream s)
 	CUresult r;
 
 	if (!x->is_sop)
-		return dpool.cuMemAllocFromPoolAsync(out, BLOCK, x->dp, s);
-	r = sop_malloc_from_pool_async(&p, BLOCK, x->sp, s);
+		return dpool.cuMemAllocFromPoolAsync(out, x->block, x->dp, s);
+	r = sop_malloc_from_pool_async(&p, x->block, x->sp, s);
 	*out = (CUdeviceptr)(uintptr_t)p;
 	return r;
 }
@@ -544,12 +559,15 @@ x_open(struct side *x, const struct program *p)
 	props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
 	props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	props.location.id = 0;
-	props.maxSize = (size_t)p->cap * BLOCK;
+	x->block = program_block(p);
+	props.maxSize = (size_t)p->cap * x->block;
 	if (x->is_sop) {
 		TH_OK(sop_pool_create(&x->sp, &props));
 		TH_OK(sop_pool_set_attr(x->sp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr));
 		for (int i = 0; i < 3; i++)
 			TH_OK(sop_pool_set_attr(x->sp, attr[i], &v[i]));
+		if (p->met)
+			atomic_store(&TH_POOL(x->sp)->threads_met, true);
 	} else {
 		TH_OK(dpool.cuMemPoolCreate(&x->dp, &props));
 		TH_OK(dpool.cuMemPoolSetAttribute(x->dp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr));
@@ -612,6 +630,38 @@ model_forbids(const struct program *p, const struct order *o, const struct inst 
 	return (b->free_blocked & o->gate) != 0;
 }
 
+/* Whether sop's pool still backs all of [a, a + size) with physical memory. sop gives back the
+ * memory of frees it knows complete: at a synchronization of another stream, for frees its
+ * probes showed complete (the driver's pool keeps them until a synchronization covers them),
+ * and at the pool's cap, where a request that fits no free block grows in place of idle
+ * pieces (in a segment of the stream's own, where threads have met). Such a block is no
+ * longer held, as far as the model counts, and what it held is room for growth, which serves
+ * any request. */
+static bool
+sop_backs(sop_pool_t handle, CUdeviceptr a, size_t size)
+{
+	struct sop_pool *pool = TH_POOL(handle);
+	struct sop__segment *seg;
+	CUdeviceptr at = a, end = a + size;
+
+	pthread_mutex_lock(&pool->lock);
+	for (seg = pool->segments; seg && at < end; seg = seg->next) {
+		size_t i;
+
+		if (at < seg->va || at >= seg->va + seg->size)
+			continue;
+		for (i = 0; i < seg->n_pieces && at < end; i++) {
+			const struct sop__piece *pc = seg->pieces[i];
+
+			if (pc->va <= at && at < pc->va + pc->size)
+				at = pc->va + pc->size;
+		}
+		break;
+	}
+	pthread_mutex_unlock(&pool->lock);
+	return at >= end;
+}
+
 static void
 drain(CUstream s)
 {
@@ -663,7 +713,7 @@ x_alloc_step(struct side *x, const struct program *p, struct order *o, int i, in
 	TH_ASSERT(x->n_inst < MAX_STEPS);
 	for (int k = 0; k < x->n_inst; k++) {
 		struct inst *b = &x->inst[k];
-		if (b->taken || !(a < b->addr + BLOCK && b->addr < a + BLOCK))
+		if (b->taken || !(a < b->addr + x->block && b->addr < a + x->block))
 			continue;
 		if (b->live || !b->freed) {
 			printf("%s: step %d handed out memory still allocated (slot of step's "
@@ -784,6 +834,11 @@ x_run(struct side *x, const struct program *p)
 				 y->op == OP_SYNC_CTX))
 			for (int k = 0; k < x->n_inst; k++)
 				if (x->inst[k].freed && x->inst[k].free_pos <= o.hkd[x->inst[k].free_s])
+					x->inst[k].taken = true;
+		if (x->is_sop)
+			for (int k = 0; k < x->n_inst; k++)
+				if (x->inst[k].freed && !x->inst[k].taken &&
+				    !sop_backs(x->sp, x->inst[k].addr, x->block))
 					x->inst[k].taken = true;
 	}
 	for (int g = 0; g < n_gates; g++)
