@@ -1609,14 +1609,6 @@ thread_fn(void *arg)
 	return NULL;
 }
 
-static double
-now_s(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 #endif
 
 static struct sim_live base;
@@ -1721,7 +1713,7 @@ main(int argc, char **argv)
 			trace = true;
 	}
 	setup();
-	start = now_s();
+	start = th_seconds();
 	do {
 		if (threads <= 1) {
 			fuzzer_init(&f, seed + done, false);
@@ -1746,11 +1738,11 @@ main(int argc, char **argv)
 		done++;
 		if (!nothing_leaked(seed + done - 1))
 			return 1;
-	} while (seconds > 0 ? now_s() - start < seconds : done < seeds);
+	} while (seconds > 0 ? th_seconds() - start < seconds : done < seeds);
 	printf("fuzz: seeds %llu..%llu, %d thread%s, %lu operations in %.1f s: the library agreed "
 	       "with the model\n",
 	       (unsigned long long)seed, (unsigned long long)(seed + done - 1), threads,
-	       threads == 1 ? "" : "s", total, now_s() - start);
+	       threads == 1 ? "" : "s", total, th_seconds() - start);
 	return 0;
 }
 #endif

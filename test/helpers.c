@@ -31,6 +31,15 @@ th_sym(void *dl, const char *name)
 		memcpy(&th.name, &s_, sizeof s_);                                                  \
 	} while (0)
 
+double
+th_seconds(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
 /* ---- Failures, phases and the watchdog ----------------------------------------------------- */
 
 static pthread_mutex_t phase_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -103,6 +103,9 @@ struct th_driver {
 extern struct th_driver th;
 extern int th_n_devices;
 
+/* Seconds on the monotonic clock. */
+double th_seconds(void);
+
 /* Initialise sop and the table, make device 0's primary context current. Exits 77 when no
  * driver or no device is there. Returns true when the driver is the simulated one.
  *

@@ -68,15 +68,6 @@ rnd(uint64_t *s)
 	return *s;
 }
 
-static double
-now_s(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 /* ---- Fill and check, by kernels or by the driver's memset and copies ---------------------- */
 
 static void
@@ -305,14 +296,14 @@ static void *
 worker_fn(void *arg)
 {
 	struct worker *w = arg;
-	double end = now_s() + seconds;
+	double end = th_seconds() + seconds;
 	unsigned long ops = 0;
 	int k;
 
 	TH_OK(th.cuCtxSetCurrent(ctx0));
 	w->s[0] = th_stream();
 	w->s[1] = th_stream();
-	while (now_s() < end) {
+	while (th_seconds() < end) {
 		for (int i = 0; i < 64; i++, ops++) {
 			k = (int)(rnd(&w->rng) % SLOTS);
 			if (w->slot[k].p)

@@ -132,15 +132,6 @@ threads(void)
 	return n;
 }
 
-static double
-seconds(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 /* ---- What a process starts from and must come back to ------------------------------------- */
 
 struct base {
@@ -228,12 +219,12 @@ make(struct msg *m, int i, sop_pool_t pool, size_t size, uint32_t tag, CUstream 
 static void
 pool_end(sop_pool_t pool, CUstream st)
 {
-	double t0 = seconds();
+	double t0 = th_seconds();
 
 	TH_OK(sop_stream_synchronize(st));
 	TH_OK(sop_pool_destroy(pool));
 	/* The broker stops at once, whatever its importers did. */
-	TH_ASSERT(seconds() - t0 < 2);
+	TH_ASSERT(th_seconds() - t0 < 2);
 	TH_OK(sop_stream_synchronize(st));
 	TH_ASSERT(TH_POOL(pool) == NULL);
 }
@@ -589,22 +580,22 @@ gone_importer(int s)
 		TH_OK(sop_free(x));
 	/* Memory not mapped here: its broker is gone, though the exporter's child holds what
 	 * the fork gave it. The answer is a refusal, and at once. */
-	t0 = seconds();
+	t0 = th_seconds();
 	r = sop_pool_import_pointer(&x, ipool, &m.d[2]);
 	EXPECT_EQ(r, CUDA_ERROR_INVALID_VALUE,
 		  "import_pointer, after the exporter exited, of memory not mapped here");
 	if (r == CUDA_SUCCESS)
 		TH_OK(sop_free(x));
-	if (seconds() - t0 >= 2) {
+	if (th_seconds() - t0 >= 2) {
 		fprintf(stderr,
 			"ipc-peers: import_pointer after the exporter exited, its forked child "
-			"alive, answered in %.1f s (expected within 2 s)\n", seconds() - t0);
+			"alive, answered in %.1f s (expected within 2 s)\n", th_seconds() - t0);
 		failed = 1;
 	}
-	t0 = seconds();
+	t0 = th_seconds();
 	EXPECT_EQ(sop_pool_import_from_shareable_handle(&p, (void *)(intptr_t)fd, POSIX_FD, 0),
 		  CUDA_ERROR_INVALID_VALUE, "import of an exited exporter's pool");
-	EXPECT_EQ(seconds() - t0 < 2, 1, "import of an exited exporter's pool: within 2 s");
+	EXPECT_EQ(th_seconds() - t0 < 2, 1, "import of an exited exporter's pool: within 2 s");
 	TH_ASSERT(th_verify(q, m.size[0], m.tag[0], st));
 	TH_OK(sop_free_async(q, st));
 	TH_OK(sop_stream_synchronize(st));

@@ -69,15 +69,6 @@ open_fds(void)
 	return n - 1; /* the directory's own */
 }
 
-static double
-seconds(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 /* ---- The exporter (the child) -------------------------------------------------------------- */
 
 static sop_pool_t
@@ -292,10 +283,10 @@ import_refusals(sop_pool_t ipool)
 	close(pipefd[1]);
 	/* A socket nobody serves answers within seconds. */
 	TH_ASSERT(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0);
-	t0 = seconds();
+	t0 = th_seconds();
 	TH_EQ(sop_pool_import_from_shareable_handle(&p, (void *)(intptr_t)sv[0], POSIX_FD, 0),
 	      CUDA_ERROR_INVALID_VALUE);
-	TH_ASSERT(seconds() - t0 < 15);
+	TH_ASSERT(th_seconds() - t0 < 15);
 	close(sv[0]);
 	close(sv[1]);
 

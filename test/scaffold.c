@@ -57,15 +57,6 @@ child_waits_forever(void)
 	exit(3);
 }
 
-static double
-now(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 /* The gated failure, with the gate left closed at exit. */
 static void
 child_gate_left_closed(void)
@@ -95,14 +86,14 @@ run_child(void (*fn)(void), double seconds, char *err, size_t cap)
 	}
 	close(fd[1]);
 	fcntl(fd[0], F_SETFL, O_NONBLOCK);
-	until = now() + seconds;
+	until = th_seconds() + seconds;
 	for (;;) {
 		struct pollfd p = {fd[0], POLLIN, 0};
 		ssize_t n;
 
 		if (waitpid(pid, &status, WNOHANG) == pid)
 			break;
-		if (now() > until) {
+		if (th_seconds() > until) {
 			kill(pid, SIGKILL);
 			waitpid(pid, &status, 0);
 			status = -1;
@@ -155,7 +146,7 @@ main(void)
 	       "watchdog: still running after 1 s, during waiting for a closed gate");
 	{
 		char err[8192];
-		double t0 = now();
+		double t0 = th_seconds();
 		int st = run_child(child_gate_left_closed, 15, err, sizeof err);
 
 		if (st < 0)
@@ -163,7 +154,7 @@ main(void)
 			       "15 s (killed)\n");
 		else
 			printf("scaffold: with the gate left closed, the process exited %d after %.1f s\n",
-			       st, now() - t0);
+			       st, th_seconds() - t0);
 	}
 	printf("scaffold: ok\n");
 	return 0;

@@ -86,15 +86,6 @@ rnd(uint64_t *s)
 	return *s;
 }
 
-static double
-now_s(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 /* A code that a call may answer with while the driver fails: success, out of memory, or the
  * injected fault. Anything else fails the test. */
 static CUresult
@@ -371,7 +362,7 @@ stalled(const char *where)
 static void
 checkpoint(void)
 {
-	double t0 = now_s();
+	double t0 = th_seconds();
 	int k, i, j;
 
 	pthread_mutex_lock(&cp_lock);
@@ -386,7 +377,7 @@ checkpoint(void)
 			until.tv_nsec -= 1000000000;
 		}
 		pthread_cond_timedwait(&cp_cond, &cp_lock, &until);
-		if (now_s() - t0 > watchdog_s)
+		if (th_seconds() - t0 > watchdog_s)
 			stalled("on the way to a checkpoint");
 	}
 	for (k = 0; k < N_POOLS; k++) {
@@ -408,32 +399,32 @@ static void
 run_workers(void)
 {
 	pthread_t t[MAX_THREADS];
-	double start = now_s(), last_change = start, last_cp = start;
+	double start = th_seconds(), last_change = start, last_cp = start;
 	unsigned long last = 0;
 	int i;
 
 	for (i = 0; i < n_threads; i++)
 		TH_ASSERT(pthread_create(&t[i], NULL, worker_fn, &workers[i]) == 0);
-	while (now_s() - start < seconds) {
+	while (th_seconds() - start < seconds) {
 		struct timespec nap = {0, 50000000};
 		unsigned long p;
 		nanosleep(&nap, NULL);
 		p = progress();
 		if (p != last) {
 			last = p;
-			last_change = now_s();
-		} else if (now_s() - last_change > watchdog_s) {
+			last_change = th_seconds();
+		} else if (th_seconds() - last_change > watchdog_s) {
 			stalled("while running");
 		}
-		if (now_s() - last_cp > 0.5) {
+		if (th_seconds() - last_cp > 0.5) {
 			checkpoint();
-			last_cp = last_change = now_s();
+			last_cp = last_change = th_seconds();
 		}
 	}
 	atomic_store(&stop, true);
 	/* The workers finish their round and clean up: that too must not hang. */
 	{
-		double t0 = now_s();
+		double t0 = th_seconds();
 		for (;;) {
 			int done = 0;
 			struct timespec nap = {0, 50000000};
@@ -441,7 +432,7 @@ run_workers(void)
 				done += !strcmp(atomic_load(&workers[i].doing), "done");
 			if (done == n_threads)
 				break;
-			if (now_s() - t0 > watchdog_s)
+			if (th_seconds() - t0 > watchdog_s)
 				stalled("while cleaning up");
 			nanosleep(&nap, NULL);
 		}

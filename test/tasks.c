@@ -102,16 +102,6 @@ task_run(sop_pool_t pool, long task)
 	while (t.s);
 }
 
-/* Seconds on the monotonic clock. */
-static double
-now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 #define MAX_ENTRIES 128
 
 struct counts {
@@ -419,7 +409,7 @@ main(int argc, char **argv)
 	counts_get(&a);
 	for (t = 0; t < opt.tasks; t++) {
 		struct counts x, y;
-		double t0 = now_s();
+		double t0 = th_seconds();
 
 		counts_get(&x);
 		task_run(pool, 1000 + t);
@@ -427,7 +417,7 @@ main(int argc, char **argv)
 		/* A task that ran within a millisecond (most, unless under a sanitizer) records
 		 * one probe, at its first free: its stream was younger than that at its 64th,
 		 * 128th, ... free. */
-		if (now_s() - t0 < 0.9e-3) {
+		if (th_seconds() - t0 < 0.9e-3) {
 			TH_EQ(per(&x, &y, "cuEventRecord"), 1);
 			young++;
 		}
