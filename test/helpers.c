@@ -365,6 +365,17 @@ th_gate_open(struct th_gate *g)
 	gate_release(g);
 }
 
+bool
+th_gate_is_open(struct th_gate *g)
+{
+	bool open;
+
+	pthread_mutex_lock(&g->lock);
+	open = g->open;
+	pthread_mutex_unlock(&g->lock);
+	return open;
+}
+
 void
 th_gate_wait_reached(struct th_gate *g)
 {

@@ -146,6 +146,7 @@ void th_gate_init(struct th_gate *g);
 void th_gate_init_timed(struct th_gate *g, long timeout_ms);
 void th_gate_block(struct th_gate *g, CUstream s);
 void th_gate_open(struct th_gate *g);
+bool th_gate_is_open(struct th_gate *g);
 /* Wait (on the host) until the stream has reached the gate. */
 void th_gate_wait_reached(struct th_gate *g);
 

@@ -5,10 +5,12 @@
  * Each case runs in a child process that starts the driver itself (the child of a process that
  * has started it cannot use it) and reports on its standard error, which the parent reads.
  * Last, for the record and asserting nothing: how long the driver takes to let a process exit
- * with the gate left closed.
+ * with the gate left closed, and whether creating a stream waits for a destroyed stream's
+ * pending work (no sop call in between).
  */
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -63,6 +65,47 @@ child_gate_left_closed(void)
 {
 	setenv("SOP_TEST_GATES_AT_EXIT", "0", 1);
 	child_gated_failure();
+}
+
+/* Destroy a stream whose gate is closed, then create streams beside, without sop. On two
+ * H100s the driver's creation of the 32nd new stream waited for the destroyed stream's work. */
+static atomic_int created;
+
+static void *
+create_streams(void *arg)
+{
+	TH_OK(th.cuCtxSetCurrent(arg));
+	for (int i = 0; i < 64; i++) {
+		th_stream();
+		atomic_fetch_add(&created, 1);
+	}
+	return NULL;
+}
+
+static void
+child_create_after_gated_destroy(void)
+{
+	struct th_gate g;
+	pthread_t t;
+	double t0;
+	CUcontext ctx;
+	CUstream s;
+
+	th_init();
+	TH_OK(sop__drv.cuCtxGetCurrent(&ctx));
+	s = th_stream();
+	th_gate_init(&g);
+	th_gate_block(&g, s);
+	th_stream_destroy(s);
+	t0 = th_seconds();
+	TH_EQ(pthread_create(&t, NULL, create_streams, ctx), 0);
+	while (atomic_load(&created) < 64 && th_seconds() < t0 + 3)
+		usleep(1000);
+	fprintf(stderr, "%d of 64 streams created in %.3f s while a destroyed stream's host function "
+		"was blocked\n", atomic_load(&created), th_seconds() - t0);
+	th_gate_open(&g);
+	TH_EQ(pthread_join(t, NULL), 0);
+	exit(0);
 }
 
 /* Run one case in a child; its exit status (or -1 if it outlived seconds: killed), and what it
@@ -155,6 +198,12 @@ main(void)
 		else
 			printf("scaffold: with the gate left closed, the process exited %d after %.1f s\n",
 			       st, th_seconds() - t0);
+	}
+	{
+		char err[8192];
+		int st = run_child(child_create_after_gated_destroy, 15, err, sizeof err);
+
+		printf("scaffold: exit %d: %s", st, st < 0 ? "killed after 15 s\n" : err);
 	}
 	printf("scaffold: ok\n");
 	return 0;
