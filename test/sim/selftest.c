@@ -1136,6 +1136,38 @@ static void test_stream_destroy_pending(void)
 	check_no_leaks();
 }
 
+/*
+ * Once 32 streams of a context exist, a destroyed one with work pending among them, creating
+ * another waits for that work (the driver's did from 35 or 36 on, on H100s); with no such
+ * work it does not.
+ */
+static void test_stream_create_waits(void)
+{
+	struct gate g = GATE_INIT;
+	struct opener o = { &g, 100 };
+	struct timespec t0, t1;
+	CUstream s, many[40];
+	pthread_t t;
+	int i;
+
+	OK(drv.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	OK(drv.cuLaunchHostFunc(s, gate_wait, &g));
+	OK(drv.cuStreamDestroy(s));
+	for (i = 0; i < 31; i++)
+		OK(drv.cuStreamCreate(&many[i], CU_STREAM_NON_BLOCKING));
+	CHECK(pthread_create(&t, NULL, open_later, &o) == 0);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	OK(drv.cuStreamCreate(&many[31], CU_STREAM_NON_BLOCKING));
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	CHECK((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000 >= 50);
+	pthread_join(t, NULL);
+	for (i = 32; i < 40; i++)
+		OK(drv.cuStreamCreate(&many[i], CU_STREAM_NON_BLOCKING));
+	for (i = 0; i < 40; i++)
+		OK(drv.cuStreamDestroy(many[i]));
+	check_no_leaks();
+}
+
 /* ---- handle values: recycled at once (the driver's way) or fresh ---- */
 
 static CUstream callback_stream;
@@ -1970,6 +2002,7 @@ int main(int argc, char **argv)
 	run("ipc-events", test_ipc_events);
 	run("legacy-stream", test_legacy_stream);
 	run("stream-destroy-pending", test_stream_destroy_pending);
+	run("stream-create-waits", test_stream_create_waits);
 	run("stream-handle-reuse", test_stream_handle_reuse);
 	run("event-handle-reuse", test_event_handle_reuse);
 	run("fresh-handles", test_fresh_handles);

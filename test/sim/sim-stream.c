@@ -834,6 +834,39 @@ static CUresult submit(CUstream handle, const struct op *tmpl, bool sync)
 
 /* ---- streams ---- */
 
+/*
+ * The driver's creation of a stream may wait for the work of streams destroyed before it: on
+ * an H100 (driver 580) it did once 35 or 36 of a context's streams existed, the destroyed ones
+ * whose work was still pending among them. The sim waits from 32 on, a little sooner than
+ * either, so that a test whose stream creation waits for its own blocked work on some machine
+ * waits here too (the watchdog says where).
+ */
+#define STREAMS_BEFORE_WAIT 32
+
+/* Caller holds ctx->lock; returns with it held, once no destroyed stream's work holds a
+ * creation back. */
+static void stream_room_locked(struct sim_ctx *ctx)
+{
+	for (;;) {
+		struct sim_stream *t;
+		int n = 0;
+		bool pending = false;
+
+		for (t = ctx->streams; t; t = t->ctx_next) {
+			if (t->kind != STREAM_USER)
+				continue;
+			n++;
+			if (stream_retired(t))
+				pending = true;
+		}
+		if (n < STREAMS_BEFORE_WAIT || !pending)
+			return;
+		pthread_mutex_unlock(&ctx->lock);
+		usleep(200);
+		pthread_mutex_lock(&ctx->lock);
+	}
+}
+
 static CUresult stream_create(CUstream *ph, unsigned flags, int priority)
 {
 	struct sim_ctx *ctx;
@@ -848,6 +881,7 @@ static CUresult stream_create(CUstream *ph, unsigned flags, int priority)
 		return rc;
 	/* Bound under the context lock, so that cuCtxDestroy finds each stream with its value. */
 	pthread_mutex_lock(&ctx->lock);
+	stream_room_locked(ctx);
 	rc = stream_new_locked(ctx, STREAM_USER, flags, priority, &s);
 	if (rc == CUDA_SUCCESS && !sim_handle_bind(SIM_HANDLE_STREAM, s, &s->handle)) {
 		/* The worker still holds the stream: this frees nothing under the lock. */
