@@ -98,7 +98,7 @@ sop__pool_check(struct sop_pool *pool)
 {
 	size_t reserved = 0, n_free = 0, n_cached = 0, n_cached_streams = 0, leaves = 0;
 	uint64_t used = 0;
-	size_t n_holes = 0, n_claims = 0, k;
+	size_t n_holes = 0, n_claims = 0, all_claims = 0, k;
 	struct sop__segment *seg, *prev_seg = NULL;
 	struct sop__sstream *ss;
 	struct sop__block *b;
@@ -194,6 +194,7 @@ sop__pool_check(struct sop_pool *pool)
 		}
 		CHECK(end == seg->va + seg->size);
 		CHECK(n_claims == seg->claims); /* a growth's claim is one block */
+		all_claims += n_claims;
 		n_claims = 0;
 		/* The map holds these blocks and nothing else in the segment's range. */
 		CHECK(sop__map_census(pool, seg, &leaves) == n_blocks);
@@ -205,6 +206,21 @@ sop__pool_check(struct sop_pool *pool)
 	for (b = pool->holes; b; b = b->free_next)
 		n_holes--;
 	CHECK(n_holes == 0);
+	{
+		/* Every claim is the growth in flight's or one whose unmaps are owed, and those
+		 * count in mapping. */
+		const struct sop__stuck *st;
+		size_t n_stuck = 0, stuck_bytes = 0;
+
+		for (st = pool->stuck; st; st = st->next) {
+			CHECK(st->n && sop__block_state(st->claim) == SOP_BLOCK_MAPPING &&
+			      st->claim->size == st->size);
+			n_stuck++;
+			stuck_bytes += st->size;
+		}
+		CHECK(all_claims == n_stuck + (pool->growing && pool->mapping > stuck_bytes));
+		CHECK(pool->mapping >= stuck_bytes);
+	}
 	/* An imported pool's pieces: in address order, apart, referenced, and in the statistic. */
 	for (k = 0; pool->import && k < pool->import->n_pieces; k++) {
 		const struct sop__piece *pc = pool->import->pieces[k];

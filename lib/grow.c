@@ -338,25 +338,39 @@ struct mapping {
 	CUmemAccessDesc *desc;
 	size_t n_desc;
 	uint64_t gen; /* pool->access_gen when desc was taken */
+	/* Handles unmapped whose release the driver refused, for the pool's orphans (as many
+	 * places as pieces). */
+	CUmemGenericAllocationHandle *orphans;
+	size_t n_orphans;
 };
 
-/* Unmap and release m's pieces. Context current; no pool lock needed. */
+/* Unmap and release m's pieces. Those the driver will not unmap stay in m (m->n of them, the
+ * range still theirs: the caller keeps the claim, sop__stuck_keep), handles whose release
+ * fails go to m->orphans. Context current; no pool lock needed. */
 static void
 pieces_unmake(struct sop_pool *pool, struct mapping *m)
 {
-	while (m->n) {
-		struct sop__piece *pc = m->pc[--m->n];
+	size_t i, kept = 0;
 
-		SOP_DRV(cuMemUnmap)(pc->va, pc->size);
-		SOP_DRV(cuMemRelease)(pc->handle);
+	for (i = 0; i < m->n; i++) {
+		struct sop__piece *pc = m->pc[i];
+
+		if (SOP_DRV(cuMemUnmap)(pc->va, pc->size) != CUDA_SUCCESS) {
+			m->pc[kept++] = pc;
+			continue;
+		}
+		if (SOP_DRV(cuMemRelease)(pc->handle) != CUDA_SUCCESS)
+			m->orphans[m->n_orphans++] = pc->handle;
 		if (!pool->host)
 			sop__limit_discharge(pool->device, pc->size);
 		free(pc);
 	}
+	m->n = kept;
 }
 
 /* Make and map size bytes at va as pieces of unit bytes into m; on a failure, what was made is
- * unmapped and released again. Context current; pool lock dropped. */
+ * unmapped and released again (pieces_unmake: what stays mapped stays in m). Context current;
+ * pool lock dropped. */
 static CUresult
 pieces_map(struct sop_pool *pool, struct mapping *m, CUdeviceptr va, size_t size, size_t unit)
 {
@@ -365,6 +379,7 @@ pieces_map(struct sop_pool *pool, struct mapping *m, CUdeviceptr va, size_t size
 
 	for (off = 0; off < size; off += unit) {
 		struct sop__piece *pc = calloc(1, sizeof *pc);
+		enum sop__left left;
 
 		if (!pc) {
 			r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -372,9 +387,15 @@ pieces_map(struct sop_pool *pool, struct mapping *m, CUdeviceptr va, size_t size
 		}
 		pc->va = va + off;
 		pc->size = size - off < unit ? size - off : unit;
-		r = sop__piece_map(pool, pc->va, pc->size, m->desc, m->n_desc, &pc->handle);
+		r = sop__piece_map(pool, pc->va, pc->size, m->desc, m->n_desc, &pc->handle, &left);
 		if (r != CUDA_SUCCESS) {
-			free(pc);
+			if (left == SOP_LEFT_MAPPED) { /* unmade with the others, or kept */
+				m->pc[m->n++] = pc;
+			} else {
+				if (left == SOP_LEFT_HANDLE)
+					m->orphans[m->n_orphans++] = pc->handle;
+				free(pc);
+			}
 			break;
 		}
 		m->pc[m->n++] = pc;
@@ -547,7 +568,8 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 	/* The plan is final here (the fallback above makes it again). */
 	unit = piece_unit(pool, pl.size);
 	m.pc = calloc((pl.size + unit - 1) / unit, sizeof *m.pc);
-	if (!m.pc) {
+	m.orphans = calloc((pl.size + unit - 1) / unit, sizeof *m.orphans);
+	if (!m.pc || !m.orphans) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto fail;
 	}
@@ -565,7 +587,7 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 		/* The device cannot back the full step; it may still back the request, next to
 		 * the memory it joins. */
 		while ((r = pieces_map(pool, &m, va, mapped, unit)) == CUDA_ERROR_OUT_OF_MEMORY &&
-		       mapped > pl.least) {
+		       mapped > pl.least && !m.n) {
 			mapped = pl.least;
 			va = pl.at_end ? at + pl.size - pl.least : at;
 		}
@@ -580,8 +602,16 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 		sop__pool_ctx_pop(pool);
 	}
 	pool->mapping_leaves = 0;
-	b = claim_end(pool, b, pl.size, va, r == CUDA_SUCCESS ? mapped : 0, d, &k, &lv);
+	while (m.n_orphans)
+		sop__orphan_keep(pool, m.orphans[--m.n_orphans]);
 	fresh = NULL; /* claim_end drops it if nothing was mapped */
+	if (r != CUDA_SUCCESS && m.n) {
+		/* Pieces the driver would not unmap: the claim stays, so that no growth maps over
+		 * them, until a release unmaps them (release.c). */
+		sop__stuck_keep(pool, b, pl.size, m.pc, m.n);
+		goto fail;
+	}
+	b = claim_end(pool, b, pl.size, va, r == CUDA_SUCCESS ? mapped : 0, d, &k, &lv);
 	if (r != CUDA_SUCCESS)
 		goto fail;
 	sop__leaves_put(pool, &lv, 0);
@@ -589,6 +619,7 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct sop__bl
 	while (k < 3)
 		sop__block_delete(pool, d[k++]);
 	free(m.pc);
+	free(m.orphans);
 	free(m.desc);
 	b = sop__heap_put(pool, b);
 	sop__bins_remove(&pool->heap, b);
@@ -604,6 +635,7 @@ fail:
 			sop__block_delete(pool, d[k]);
 	sop__leaves_put(pool, &lv, 0);
 	free(m.pc);
+	free(m.orphans);
 	free(m.desc);
 	return r;
 }

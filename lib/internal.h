@@ -303,9 +303,14 @@ CUmemAccessDesc *sop__access_list(const struct sop_pool *pool, size_t *n);
 CUresult sop__piece_open(struct sop_pool *pool, CUdeviceptr va, size_t size,
 			 CUmemGenericAllocationHandle h);
 /* Create, map and open one physical allocation of size bytes at va, with the n access
- * descriptors desc (sop__access_list). Context current; the pool lock need not be held. */
+ * descriptors desc (sop__access_list). On a failure *left says what the driver's refusals
+ * left to the caller: nothing; *h mapped still (it would not unmap what could not be opened),
+ * counted against the device's limit, for the caller to unmap and release later; or *h
+ * unmapped, its release refused. Context current; the pool lock need not be held. */
+enum sop__left { SOP_LEFT_NONE, SOP_LEFT_MAPPED, SOP_LEFT_HANDLE };
 CUresult sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size,
-			const CUmemAccessDesc *desc, size_t n, CUmemGenericAllocationHandle *h);
+			const CUmemAccessDesc *desc, size_t n, CUmemGenericAllocationHandle *h,
+			enum sop__left *left);
 /* Create one physical allocation of size bytes and release it: whether the driver makes memory
  * as prop asks (a host pool's creation asks, as drivers differ: doc/differences.md), with its
  * code. Context current. */
@@ -429,6 +434,11 @@ CUresult sop__heap_release(struct sop_pool *pool, size_t target, size_t floor);
  * held. */
 CUresult sop__release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_least,
 			   struct sop__block *const spare[2]);
+/* A failed growth's claim whose n pieces pc the driver would not unmap: kept claimed, with the
+ * pieces' handles and charges, until a later release unmaps them (every release retries them;
+ * a pool is not torn down while any stays). Pool lock held. */
+void sop__stuck_keep(struct sop_pool *pool, struct sop__block *claim, size_t size,
+		     struct sop__piece *const *pc, size_t n);
 /* Free the host side of a pool whose segments have all been released. */
 void sop__heap_destroy(struct sop_pool *pool);
 

@@ -1,6 +1,6 @@
 /* release.c - giving physical memory back: pieces that FREE blocks cover whole are idle, and
- * are unmapped and released on their own, leaving a hole; and the host side of a pool whose
- * segments have all gone. Pool lock held.
+ * are unmapped and released on their own, leaving a hole; unmaps the driver refused to a failed
+ * growth, retried; and the host side of a pool whose segments have all gone. Pool lock held.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -181,6 +181,70 @@ piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc
 	return r;
 }
 
+/* ---- Unmaps owed -------------------------------------------------------------------------- */
+
+void
+sop__stuck_keep(struct sop_pool *pool, struct sop__block *claim, size_t size,
+		struct sop__piece *const *pc, size_t n)
+{
+	struct sop__stuck *st = malloc(sizeof *st + n * sizeof *pc);
+
+	/* Without host memory to note it in, the range stays claimed for the pool's life: lost
+	 * to the pool, and its pieces to the process, but never mapped over. */
+	if (!st)
+		return;
+	st->claim = claim;
+	st->size = size;
+	st->n = n;
+	memcpy(st->pc, pc, n * sizeof *pc);
+	st->next = pool->stuck;
+	pool->stuck = st;
+}
+
+/* Unmap the pieces of claims whose unmaps are owed; a claim with none left mapped ends: its
+ * range is a hole again, and its segment goes if it then holds nothing. A refusal leaves the
+ * piece for the next release, and fails nothing: the release that retries has its own work.
+ * Context current, pool lock held. */
+static void
+stuck_retry(struct sop_pool *pool)
+{
+	struct sop__stuck **pp = &pool->stuck, *st;
+
+	while ((st = *pp)) {
+		struct sop__segment *seg = st->claim->seg;
+		size_t i = 0;
+
+		while (i < st->n) {
+			struct sop__piece *pc = st->pc[i];
+			if (SOP_DRV(cuMemUnmap)(pc->va, pc->size) != CUDA_SUCCESS) {
+				i++;
+				continue;
+			}
+			if (SOP_DRV(cuMemRelease)(pc->handle) != CUDA_SUCCESS)
+				sop__orphan_keep(pool, pc->handle);
+			if (!pool->host)
+				sop__limit_discharge(pool->device, pc->size);
+			free(pc);
+			st->pc[i] = st->pc[--st->n];
+		}
+		if (st->n) {
+			pp = &st->next;
+			continue;
+		}
+		*pp = st->next;
+		pool->mapping -= st->size;
+		sop__segment_lock(seg);
+		seg->claims--;
+		sop__hole_make(pool, st->claim);
+		sop__lock_drop(&seg->lock);
+		if (!seg->mapped && !seg->claims)
+			sop__segment_drop(pool, seg);
+		free(st);
+	}
+}
+
+/* ---- Idle pieces -------------------------------------------------------------------------- */
+
 /* Release idle pieces, largest first, while reserved > target, keeping reserved >= floor; only
  * if they add up to at_least bytes. */
 CUresult
@@ -206,7 +270,7 @@ sop__release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_
 			v[picked++] = v[i];
 		}
 	}
-	if (!picked && !pool->n_orphans) {
+	if (!picked && !pool->n_orphans && !pool->stuck) {
 		free(v);
 		return CUDA_SUCCESS;
 	}
@@ -216,6 +280,8 @@ sop__release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_
 		return r;
 	}
 	r = sop__orphans_release(pool);
+	if (pool->stuck)
+		stuck_retry(pool);
 	if (picked && !reserved && !pool->anchor_tried && !atomic_load(&pool->destroyed))
 		sop__anchor_make(pool);
 	/* In address order, so that a FREE block holding several is walked once: each release
@@ -247,6 +313,13 @@ sop__heap_destroy(struct sop_pool *pool)
 	free(pool->orphans);
 	pool->orphans = NULL;
 	pool->n_orphans = 0;
+	while (pool->stuck) { /* none by teardown, which waits for their unmaps */
+		struct sop__stuck *st = pool->stuck;
+		pool->stuck = st->next;
+		while (st->n)
+			free(st->pc[--st->n]);
+		free(st);
+	}
 	while (pool->va_free) {
 		struct sop__va_extent *e = pool->va_free;
 		pool->va_free = e->next;

@@ -355,6 +355,17 @@ struct sop__piece {
 	uint64_t fd_used;
 };
 
+/* A growth's claim whose pieces the driver would not unmap once the growth had failed (grow.c):
+ * the range stays claimed, so that no later growth maps over it, and the unmaps are retried
+ * before each release (release.c). */
+struct sop__stuck {
+	struct sop__stuck *next;
+	struct sop__block *claim; /* MAPPING, counted in its segment's claims */
+	size_t size;              /* the claim's bytes, still counted in the pool's mapping */
+	size_t n;                 /* pieces still mapped, with their handles */
+	struct sop__piece *pc[];
+};
+
 /* Spare block-map leaves (blockmap.c): at most this many on hand. */
 #define SOP_LEAVES_KEPT 32
 struct sop__map_leaf;
@@ -725,6 +736,7 @@ struct sop_pool {
 	 * next release, so that a transient failure leaks nothing. */
 	CUmemGenericAllocationHandle *orphans;
 	size_t n_orphans;
+	struct sop__stuck *stuck; /* claims whose unmaps are owed */
 	/* Host memory mapped at va_base from the first release that left the pool empty, so that
 	 * the driver keeps the page tables there (vmm.c, sop__anchor_make). */
 	CUmemGenericAllocationHandle anchor;

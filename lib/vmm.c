@@ -32,18 +32,18 @@ sop__access_list(const struct sop_pool *pool, size_t *n)
 	return desc;
 }
 
-/* Map a physical allocation at va and open it as desc says; on a failure nothing stays mapped.
- * Context current. */
+/* Map a physical allocation at va and open it as desc says; on a failure nothing stays mapped,
+ * unless the driver refused the unmap as well: then *stuck (if given) is set. Context current. */
 static CUresult
 piece_open_as(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h,
-	      const CUmemAccessDesc *desc, size_t n)
+	      const CUmemAccessDesc *desc, size_t n, bool *stuck)
 {
 	CUresult r = SOP_DRV(cuMemMap)(va, size, 0, h, 0);
 
 	if (r == CUDA_SUCCESS) {
 		r = SOP_DRV(cuMemSetAccess)(va, size, desc, n);
-		if (r != CUDA_SUCCESS)
-			SOP_DRV(cuMemUnmap)(va, size);
+		if (r != CUDA_SUCCESS && SOP_DRV(cuMemUnmap)(va, size) != CUDA_SUCCESS && stuck)
+			*stuck = true;
 	}
 	return r;
 }
@@ -57,7 +57,7 @@ sop__piece_open(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGeneric
 
 	if (!desc)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	r = piece_open_as(va, size, h, desc, n);
+	r = piece_open_as(va, size, h, desc, n, NULL);
 	free(desc);
 	return r;
 }
@@ -66,11 +66,13 @@ sop__piece_open(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGeneric
  * pool lock guards: growth calls it with the lock dropped. */
 CUresult
 sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size, const CUmemAccessDesc *desc,
-	       size_t n, CUmemGenericAllocationHandle *h)
+	       size_t n, CUmemGenericAllocationHandle *h, enum sop__left *left)
 {
 	CUmemAllocationProp prop = {0};
+	bool stuck = false;
 	CUresult r;
 
+	*left = SOP_LEFT_NONE;
 	/* Counted against the device's limit before the driver is asked, so that growths of
 	 * several pools at once never pass it together (limit.c). */
 	if (!pool->host && !sop__limit_charge(pool->device, size))
@@ -80,9 +82,15 @@ sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size, const CUmemAc
 	prop.requestedHandleTypes = pool->props.handleTypes;
 	r = SOP_DRV(cuMemCreate)(h, size, &prop, 0);
 	if (r == CUDA_SUCCESS) {
-		r = piece_open_as(va, size, *h, desc, n);
-		if (r != CUDA_SUCCESS)
-			SOP_DRV(cuMemRelease)(*h);
+		r = piece_open_as(va, size, *h, desc, n, &stuck);
+		/* Still mapped, the piece keeps its handle and its charge for the caller, who owes
+		 * the unmap. */
+		if (stuck) {
+			*left = SOP_LEFT_MAPPED;
+			return r;
+		}
+		if (r != CUDA_SUCCESS && SOP_DRV(cuMemRelease)(*h) != CUDA_SUCCESS)
+			*left = SOP_LEFT_HANDLE;
 	}
 	if (r != CUDA_SUCCESS && !pool->host)
 		sop__limit_discharge(pool->device, size);
@@ -158,7 +166,8 @@ sop__anchor_make(struct sop_pool *pool)
 	if (SOP_DRV(cuMemCreate)(&h, pool->granularity, &prop, 0) != CUDA_SUCCESS)
 		return;
 	if (SOP_DRV(cuMemMap)(pool->va_base, pool->granularity, 0, h, 0) != CUDA_SUCCESS) {
-		SOP_DRV(cuMemRelease)(h);
+		if (SOP_DRV(cuMemRelease)(h) != CUDA_SUCCESS)
+			sop__orphan_keep(pool, h);
 		return;
 	}
 	/* Read access for the owner: a host pool's is the CPU, with the descriptor for HOST
@@ -167,11 +176,16 @@ sop__anchor_make(struct sop_pool *pool)
 	if (pool->host)
 		desc.location.type = CU_MEM_LOCATION_TYPE_HOST;
 	desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
-	if (SOP_DRV(cuMemSetAccess)(pool->va_base, pool->granularity, &desc, 1) != CUDA_SUCCESS) {
-		SOP_DRV(cuMemUnmap)(pool->va_base, pool->granularity);
-		SOP_DRV(cuMemRelease)(h);
+	if (SOP_DRV(cuMemSetAccess)(pool->va_base, pool->granularity, &desc, 1) != CUDA_SUCCESS &&
+	    SOP_DRV(cuMemUnmap)(pool->va_base, pool->granularity) == CUDA_SUCCESS) {
+		if (SOP_DRV(cuMemRelease)(h) != CUDA_SUCCESS)
+			sop__orphan_keep(pool, h);
 		return;
 	}
+	/* Opened, or left mapped with no access at all because the driver refused the unmap: as
+	 * good an anchor (a stray access faults either way), and teardown unmaps it. Given back,
+	 * the range would be where growth maps the first segment, and every growth there would
+	 * fail. */
 	pool->anchor = h;
 	pool->anchored = true;
 }

@@ -314,6 +314,111 @@ check_anchor(void *arg, CUresult r)
 	live_same(__LINE__);
 }
 
+/* ---- Unmaps the driver refuses ---------------------------------------------------------- */
+
+/* A growth whose piece cannot be opened, and whose unmap the driver then refuses too (refused
+ * times; the growth tries twice, once after the open and once as it gives its pieces back, so
+ * that one refusal leaves nothing mapped): stuck pieces stay mapped. The request fails with the driver's code and the pool stays
+ * as it was; the next request grows elsewhere, where the driver succeeds (mapped over the
+ * stuck range it failed: CUDA_ERROR_INVALID_VALUE, every time); a release retries the unmap,
+ * and once it goes through nothing of it is left. In a compacting pool, the stuck piece is one
+ * of the growth's five. */
+static void
+stuck_growth(CUstream s, bool compact, unsigned long refused, long stuck)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	cuuint64_t keep = UINT64_MAX;
+	unsigned long n, failed = th.sim_fails("cuMemUnmap");
+	struct sim_live l;
+	void *p = (void *)0x1, *q;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	TH_OK(sop_pool_set_compaction(pool, compact));
+	th.sim_fail("cuMemSetAccess", compact ? 3 : 1, FAULT);
+	for (n = 1; n <= refused; n++)
+		th.sim_fail("cuMemUnmap", n, FAULT);
+	TH_EQ(sop_malloc_from_pool_async(&p, 40 * MiB, pool, s), FAULT);
+	TH_ASSERT(p == (void *)0x1);
+	TH_CHECK(pool);
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
+	l = th_live();
+	TH_EQ(l.mappings, base.mappings + stuck); /* the pieces that stayed */
+	/* The next request is served, elsewhere, and its memory works. */
+	TH_OK(sop_malloc_from_pool_async(&q, 40 * MiB, pool, s));
+	th_fill(q, 40 * MiB, 0x5a5a5a5a, s);
+	TH_ASSERT(th_verify(q, 40 * MiB, 0x5a5a5a5a, s));
+	TH_OK(sop_free_async(q, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_CHECK(pool);
+	/* Each release tries the unmap again. A refusal of the stuck piece's fails nothing;
+	 * one of the idle piece the trim itself gives back fails the trim, as any does. */
+	while (th.sim_fails("cuMemUnmap") - failed < refused) {
+		CUresult r = sop_trim_to(pool, 0);
+		TH_ASSERT(r == CUDA_SUCCESS || r == FAULT);
+		TH_CHECK(pool);
+	}
+	TH_OK(sop_trim_to(pool, 0));
+	TH_CHECK(pool);
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+	th.sim_fail_clear();
+	TH_OK(sop_pool_destroy(pool));
+	TH_OK(sop_ctx_synchronize());
+	live_same(__LINE__);
+	printf("stuck: growth%s, unmap refused %lu times, %ld pieces stuck\n",
+	       compact ? " (compacting)" : "", refused, stuck);
+}
+
+/* The same stuck piece in a pool destroyed before the driver unmaps it: the destroy returns,
+ * the pool waits whole, and a synchronization point that finds the driver willing finishes
+ * the teardown. */
+static void
+stuck_destroy(CUstream s)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	void *p;
+
+	th.sim_fail("cuMemSetAccess", 1, FAULT);
+	th.sim_fail_rate("cuMemUnmap", 1.0, FAULT); /* every unmap refused until cleared */
+	TH_EQ(sop_malloc_from_pool_async(&p, 40 * MiB, pool, s), FAULT);
+	TH_OK(sop_pool_destroy(pool));
+	TH_ASSERT(th_live().mappings > base.mappings);
+	TH_OK(sop_ctx_synchronize());
+	TH_ASSERT(th_live().mappings > base.mappings);
+	th.sim_fail_clear();
+	TH_OK(sop_ctx_synchronize());
+	live_same(__LINE__);
+	printf("stuck: destroyed with a piece mapped\n");
+}
+
+/* The anchor opened to nobody because its access failed, and its unmap refused: it stays as
+ * the anchor (mapped with no access, a stray access faults as with read-only access), at the
+ * start of the reservation where growth maps the first segment, which growth must still be
+ * able to do; teardown unmaps it. */
+static void
+stuck_anchor(CUstream s)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	void *p;
+
+	TH_OK(sop_malloc_from_pool_async(&p, 3 * MiB, pool, s));
+	TH_OK(sop_free(p));
+	th.sim_fail("cuMemSetAccess", 1, FAULT);
+	th.sim_fail("cuMemUnmap", 1, FAULT);
+	TH_OK(sop_trim_to(pool, 0)); /* the anchor's set access, then unmap, refused */
+	th.sim_fail_clear();
+	TH_CHECK(pool);
+	TH_OK(sop_malloc_from_pool_async(&p, 40 * MiB, pool, s));
+	th_fill(p, 40 * MiB, 0x3c3c3c3c, s);
+	TH_ASSERT(th_verify(p, 40 * MiB, 0x3c3c3c3c, s));
+	TH_OK(sop_free_async(p, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_OK(sop_pool_destroy(pool));
+	TH_OK(sop_ctx_synchronize());
+	live_same(__LINE__);
+	printf("stuck: anchor\n");
+}
+
 /* ---- Destruction ------------------------------------------------------------------------ */
 
 static sop_pool_t doomed;
@@ -449,6 +554,15 @@ main(void)
 							      "cuMemAddressFree", NULL};
 		sweep("destroy", destroy_entries, prep_destroy, op_destroy, check_destroy, &g, true);
 	}
+	base = th_live();
+	stuck_growth(g.s, false, 1, 0);
+	stuck_growth(g.s, false, 2, 1);
+	stuck_growth(g.s, false, 5, 1);
+	/* The third of five pieces fails to open and its unmap is refused; as the pieces are
+	 * given back, the first two are refused too, and the third goes. */
+	stuck_growth(g.s, true, 3, 2);
+	stuck_destroy(g.s);
+	stuck_anchor(g.s);
 	th_stream_destroy(g.s);
 	printf("faults: ok\n");
 	return 0;

@@ -7,8 +7,8 @@
  * back), and runs a random mix of: allocations of random sizes, each filled with a tag by work on
  * its stream; frees, after work on the stream checks the tag, on the same stream or on the other
  * one after an event; synchronizations, trims, policy and threshold changes. Meanwhile the
- * simulated driver fails cuMemCreate, cuMemMap, cuMemSetAccess, cuEventRecord and
- * cuStreamWaitEvent at a rate. Every call must answer with success or a clean code
+ * simulated driver fails cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease,
+ * cuEventRecord and cuStreamWaitEvent at a rate. Every call must answer with success or a clean code
  * (CUDA_ERROR_OUT_OF_MEMORY, or the code injected), and a failed call must change nothing: an
  * allocation that failed gave nothing, an event record or wait that failed ordered nothing (the
  * worker then synchronizes instead). Now and then the workers stop at a checkpoint, where every
@@ -40,8 +40,11 @@ static int n_threads = 8;
 static double seconds = 3.0, watchdog_s = 30.0, rate = 0.02, mem_rate = 0.1;
 static uint64_t seed0 = 1;
 
-static const char *const faulty[] = {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuEventRecord",
+static const char *const faulty[] = {"cuMemCreate",   "cuMemMap",      "cuMemSetAccess",
+				     "cuMemUnmap",    "cuMemRelease",  "cuEventRecord",
 				     "cuStreamWaitEvent"};
+/* The first N_MEM_FAULTY are the memory calls, failed at --mem-rate. */
+#define N_MEM_FAULTY 5
 #define N_FAULTY (sizeof faulty / sizeof faulty[0])
 
 static sop_pool_t pools[N_POOLS];
@@ -508,7 +511,7 @@ main(int argc, char **argv)
 	th.sim_fail_seed(seed0);
 	/* cuMemCreate fails as a full device does; the others with a code of their own. */
 	for (i = 0; i < (int)N_FAULTY; i++)
-		th.sim_fail_rate(faulty[i], i < 3 ? mem_rate : rate,
+		th.sim_fail_rate(faulty[i], i < N_MEM_FAULTY ? mem_rate : rate,
 				 i == 0 ? CUDA_ERROR_OUT_OF_MEMORY : FAULT);
 	run_workers();
 	th.sim_fail_clear();
@@ -521,13 +524,14 @@ main(int argc, char **argv)
 	printf("soak: %d threads, %.0f s, seed %llu, fault rates %g and %g: %lu operations, "
 	       "%lu streams replaced busy, %lu synchronizations; the driver failed %lu calls "
 	       "(cuMemCreate %lu of %lu, cuMemMap %lu of %lu, cuMemSetAccess %lu of %lu, "
-	       "cuEventRecord %lu of %lu, cuStreamWaitEvent %lu of %lu); sop answered %lu out of "
+	       "cuMemUnmap %lu of %lu, cuMemRelease %lu of %lu, cuEventRecord %lu of %lu, "
+	       "cuStreamWaitEvent %lu of %lu); sop answered %lu out of "
 	       "memory and %lu with the driver's code, %lu orderings fell back to a "
 	       "synchronization; %lu tags overwritten\n",
 	       n_threads, seconds, (unsigned long long)seed0, rate, mem_rate, atomic_load(&n_ops),
 	       atomic_load(&n_replaced), atomic_load(&n_syncs), total_fails, fails[0], calls[0],
 	       fails[1], calls[1], fails[2], calls[2], fails[3], calls[3], fails[4], calls[4],
-	       atomic_load(&n_oom), atomic_load(&n_fault),
+	       fails[5], calls[5], fails[6], calls[6], atomic_load(&n_oom), atomic_load(&n_fault),
 	       atomic_load(&n_fallback), atomic_load(&host_errors));
 	TH_EQ(atomic_load(&host_errors), 0);
 	if (rate > 0 || mem_rate > 0)
