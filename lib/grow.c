@@ -354,15 +354,14 @@ pieces_unmake(struct sop_pool *pool, struct mapping *m)
 
 	for (i = 0; i < m->n; i++) {
 		struct sop__piece *pc = m->pc[i];
+		bool orphaned;
 
-		if (SOP_DRV(cuMemUnmap)(pc->va, pc->size) != CUDA_SUCCESS) {
+		if (!sop__piece_unmake(pool, pc, &orphaned)) {
 			m->pc[kept++] = pc;
 			continue;
 		}
-		if (SOP_DRV(cuMemRelease)(pc->handle) != CUDA_SUCCESS)
+		if (orphaned)
 			m->orphans[m->n_orphans++] = pc->handle;
-		if (!pool->host)
-			sop__limit_discharge(pool->device, pc->size);
 		free(pc);
 	}
 	m->n = kept;

@@ -311,6 +311,11 @@ enum sop__left { SOP_LEFT_NONE, SOP_LEFT_MAPPED, SOP_LEFT_HANDLE };
 CUresult sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size,
 			const CUmemAccessDesc *desc, size_t n, CUmemGenericAllocationHandle *h,
 			enum sop__left *left);
+/* Unmap a piece made by sop__piece_map and release its handle, uncounted from the device's
+ * limit: false, and nothing done, if the driver refuses the unmap; *orphaned if it refused the
+ * release, the handle then the caller's to keep (sop__orphan_keep). Context current; the pool
+ * lock need not be held. */
+bool sop__piece_unmake(struct sop_pool *pool, const struct sop__piece *pc, bool *orphaned);
 /* Create one physical allocation of size bytes and release it: whether the driver makes memory
  * as prop asks (a host pool's creation asks, as drivers differ: doc/differences.md), with its
  * code. Context current. */

@@ -216,14 +216,14 @@ stuck_retry(struct sop_pool *pool)
 
 		while (i < st->n) {
 			struct sop__piece *pc = st->pc[i];
-			if (SOP_DRV(cuMemUnmap)(pc->va, pc->size) != CUDA_SUCCESS) {
+			bool orphaned;
+
+			if (!sop__piece_unmake(pool, pc, &orphaned)) {
 				i++;
 				continue;
 			}
-			if (SOP_DRV(cuMemRelease)(pc->handle) != CUDA_SUCCESS)
+			if (orphaned)
 				sop__orphan_keep(pool, pc->handle);
-			if (!pool->host)
-				sop__limit_discharge(pool->device, pc->size);
 			free(pc);
 			st->pc[i] = st->pc[--st->n];
 		}

@@ -97,6 +97,17 @@ sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size, const CUmemAc
 	return r;
 }
 
+bool
+sop__piece_unmake(struct sop_pool *pool, const struct sop__piece *pc, bool *orphaned)
+{
+	if (SOP_DRV(cuMemUnmap)(pc->va, pc->size) != CUDA_SUCCESS)
+		return false;
+	*orphaned = SOP_DRV(cuMemRelease)(pc->handle) != CUDA_SUCCESS;
+	if (!pool->host)
+		sop__limit_discharge(pool->device, pc->size);
+	return true;
+}
+
 /* Create one physical allocation of size bytes with prop and release it at once: whether the
  * driver makes memory there, in its own words. Context current. */
 CUresult
