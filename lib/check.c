@@ -221,10 +221,11 @@ sop__pool_check(struct sop_pool *pool)
 		CHECK(all_claims == n_stuck + (pool->growing && pool->mapping > stuck_bytes));
 		CHECK(pool->mapping >= stuck_bytes);
 	}
-	/* An imported pool's pieces: in address order, apart, referenced, and in the statistic. */
+	/* An imported pool's pieces: in address order, apart, referenced (or kept, their unmap
+	 * refused), and in the statistic. */
 	for (k = 0; pool->import && k < pool->import->n_pieces; k++) {
 		const struct sop__piece *pc = pool->import->pieces[k];
-		CHECK(pc->refs > 0 && pc->va >= pool->va_base &&
+		CHECK((pc->refs > 0 || pool->import->kept) && pc->va >= pool->va_base &&
 		      pc->va + pc->size <= pool->va_base + pool->va_size);
 		CHECK(!k || pool->import->pieces[k - 1]->va + pool->import->pieces[k - 1]->size <=
 				    pc->va);

@@ -269,7 +269,8 @@ piece_drop(struct sop_pool *pool, size_t i)
 		if (SOP_DRV(cuMemRelease)(pc->handle) != CUDA_SUCCESS)
 			sop__orphan_keep(pool, pc->handle);
 	} else {
-		/* Still mapped: kept, and counted, rather than lost. */
+		/* Still mapped: kept, and counted, rather than lost, until an unmap goes through. */
+		__atomic_store_n(&im->kept, true, __ATOMIC_RELAXED);
 		return;
 	}
 	atomic_store(&pool->reserved, atomic_load(&pool->reserved) - pc->size);
@@ -298,6 +299,20 @@ pieces_ref(struct sop_pool *pool, CUdeviceptr ptr, size_t size, int delta)
 		}
 		i++;
 	}
+}
+
+/* Drop the pieces that no pointer references: those mapped by a call that failed, and those
+ * whose unmap the driver refused before. Context current. */
+static void
+pieces_unused_drop(struct sop_pool *pool)
+{
+	struct sop__import *im = pool->import;
+	size_t i;
+
+	__atomic_store_n(&im->kept, false, __ATOMIC_RELAXED);
+	for (i = im->n_pieces; i-- > 0;)
+		if (!im->pieces[i]->refs)
+			piece_drop(pool, i);
 }
 
 /* Forget record i: its pointer is freed and the free has completed. Context current. */
@@ -342,6 +357,10 @@ reap(struct sop_pool *pool, bool wait)
 	size_t i;
 	int mode;
 
+	if (im->kept && sop__pool_ctx_push(pool) == CUDA_SUCCESS) {
+		pieces_unused_drop(pool);
+		sop__pool_ctx_pop(pool);
+	}
 	if (im->n_pending && sop__pool_ctx_push(pool) == CUDA_SUCCESS) {
 		mode = sop__capture_relax();
 		for (i = im->n_ptrs; i-- > 0;) {
@@ -366,6 +385,7 @@ void
 sop__import_sync(struct sop_pool *pool)
 {
 	if (!__atomic_load_n(&pool->import->n_pending, __ATOMIC_RELAXED) &&
+	    !__atomic_load_n(&pool->import->kept, __ATOMIC_RELAXED) &&
 	    !atomic_load(&pool->destroyed))
 		return;
 	pthread_mutex_lock(&pool->lock);
@@ -476,8 +496,20 @@ pieces_map(struct sop_pool *pool, const struct sop__wire_piece *v, int *fds, siz
 		size_t i = piece_index(im, va);
 		struct sop__piece *pc;
 		CUmemGenericAllocationHandle h;
+		bool stuck = false;
 		CUresult r;
 
+		if (!v[k].serial) /* no piece's: 0 names those kept unopened */
+			return CUDA_ERROR_INVALID_VALUE;
+		/* A piece in the way that no pointer uses is one whose unmap the driver refused:
+		 * tried again. */
+		while (i < im->n_pieces && im->pieces[i]->va < va + v[k].size &&
+		       !im->pieces[i]->refs && im->pieces[i]->serial != v[k].serial) {
+			size_t before = im->n_pieces;
+			piece_drop(pool, i);
+			if (im->n_pieces == before)
+				break;
+		}
 		if (i < im->n_pieces && im->pieces[i]->va < va + v[k].size) {
 			if (im->pieces[i]->serial == v[k].serial && im->pieces[i]->va == va &&
 			    im->pieces[i]->size == v[k].size)
@@ -497,22 +529,26 @@ pieces_map(struct sop_pool *pool, const struct sop__wire_piece *v, int *fds, siz
 		close(fds[k]);
 		fds[k] = -1;
 		if (r == CUDA_SUCCESS) {
-			r = sop__piece_open(pool, va, v[k].size, h);
-			if (r != CUDA_SUCCESS)
-				SOP_DRV(cuMemRelease)(h);
+			r = sop__piece_open(pool, va, v[k].size, h, &stuck);
+			if (r != CUDA_SUCCESS && !stuck && SOP_DRV(cuMemRelease)(h) != CUDA_SUCCESS)
+				sop__orphan_keep(pool, h);
 		}
-		if (r != CUDA_SUCCESS) {
+		if (r != CUDA_SUCCESS && !stuck) {
 			free(pc);
 			return r;
 		}
 		pc->va = va;
 		pc->size = v[k].size;
 		pc->handle = h;
-		pc->serial = v[k].serial;
+		/* Mapped but not opened, the driver refusing the unmap: kept as a piece no import
+		 * may use (no serial), unreferenced, for the caller's drop to unmap. */
+		pc->serial = stuck ? 0 : v[k].serial;
 		memmove(&im->pieces[i + 1], &im->pieces[i], (im->n_pieces - i) * sizeof *im->pieces);
 		im->pieces[i] = pc;
 		im->n_pieces++;
 		sop__reserved_add(pool, pc->size);
+		if (stuck)
+			return r;
 	}
 	return CUDA_SUCCESS;
 }
@@ -581,18 +617,6 @@ import_local(struct sop_pool *pool, const struct sop__export_data *d)
 	return true;
 }
 
-/* Drop the pieces that no pointer references (those mapped by a call that failed). */
-static void
-pieces_unused_drop(struct sop_pool *pool)
-{
-	struct sop__import *im = pool->import;
-	size_t i;
-
-	for (i = im->n_pieces; i-- > 0;)
-		if (!im->pieces[i]->refs)
-			piece_drop(pool, i);
-}
-
 /* One attempt: ask, then map. with_have: name the pieces mapped already. */
 static CUresult
 import_once(struct sop_pool *pool, const struct sop__export_data *d, bool with_have,
@@ -615,7 +639,8 @@ import_once(struct sop_pool *pool, const struct sop__export_data *d, bool with_h
 		for (i = piece_index(im, ptr);
 		     i < im->n_pieces && im->pieces[i]->va < ptr + d->size && q.n_have < SOP_WIRE_HAVE;
 		     i++)
-			q.have[q.n_have++] = im->pieces[i]->serial;
+			if (im->pieces[i]->serial)
+				q.have[q.n_have++] = im->pieces[i]->serial;
 	pthread_mutex_unlock(&pool->lock);
 
 	r = ask(im, &q, &v, &fds, &n);

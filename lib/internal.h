@@ -299,9 +299,11 @@ void sop__forget_current(struct sop_pool *pool);
  * *n of them, malloc'd (NULL without memory). Pool lock held. */
 CUmemAccessDesc *sop__access_list(const struct sop_pool *pool, size_t *n);
 /* Map a physical allocation (made here, or imported) at va, open to the pool's owner and the
- * devices granted access; on a failure nothing stays mapped. Context current, pool lock held. */
+ * devices granted access; on a failure nothing stays mapped, unless the driver refused the
+ * unmap as well: then *stuck is set, and the caller owes the unmap. Context current, pool lock
+ * held. */
 CUresult sop__piece_open(struct sop_pool *pool, CUdeviceptr va, size_t size,
-			 CUmemGenericAllocationHandle h);
+			 CUmemGenericAllocationHandle h, bool *stuck);
 /* Create, map and open one physical allocation of size bytes at va, with the n access
  * descriptors desc (sop__access_list). On a failure *left says what the driver's refusals
  * left to the caller: nothing; *h mapped still (it would not unmap what could not be opened),
@@ -318,8 +320,9 @@ CUresult sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size,
 bool sop__piece_unmake(struct sop_pool *pool, const struct sop__piece *pc, bool *orphaned);
 /* Create one physical allocation of size bytes and release it: whether the driver makes memory
  * as prop asks (a host pool's creation asks, as drivers differ: doc/differences.md), with its
- * code. Context current. */
-CUresult sop__piece_probe(const CUmemAllocationProp *prop, size_t size);
+ * code; a release the driver refuses leaves the handle to the pool's orphans. Context
+ * current. */
+CUresult sop__piece_probe(struct sop_pool *pool, const CUmemAllocationProp *prop, size_t size);
 /* Keep a handle whose range is unmapped but whose cuMemRelease failed, to be released again;
  * retry the releases that failed before (context current). */
 void sop__orphan_keep(struct sop_pool *pool, CUmemGenericAllocationHandle h);

@@ -131,7 +131,7 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, size_t va_size,
 	 * by version and machine (doc/differences.md): it is asked, by making one granule,
 	 * rather than read from attributes that older drivers lack. Its code is the answer. */
 	if (r == CUDA_SUCCESS && pool->host)
-		r = sop__piece_probe(&prop, pool->granularity);
+		r = sop__piece_probe(pool, &prop, pool->granularity);
 	if (r == CUDA_SUCCESS && pool->host)
 		total = host_memory();
 	else if (r == CUDA_SUCCESS)
@@ -143,6 +143,8 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, size_t va_size,
 		r = SOP_DRV(cuMemAddressReserve)(&pool->va_base, pool->va_size,
 						 (size_t)1 << SOP_VA_GRANULE_LOG2, 0, 0);
 	}
+	if (r != CUDA_SUCCESS)
+		sop__orphans_release(pool);
 	sop__pool_ctx_pop(pool);
 	if (r != CUDA_SUCCESS)
 		goto fail_ctx;
@@ -173,11 +175,14 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, size_t va_size,
 fail_va:
 	if (sop__pool_ctx_push(pool) == CUDA_SUCCESS) {
 		SOP_DRV(cuMemAddressFree)(pool->va_base, pool->va_size);
+		sop__orphans_release(pool);
 		sop__pool_ctx_pop(pool);
 	}
 fail_ctx:
 	SOP_DRV(cuDevicePrimaryCtxRelease)(pool->device);
 fail_host:
+	/* A probe's handle whose release the driver refused twice is lost to the process. */
+	free(pool->orphans);
 	free(pool->va_free);
 	pthread_cond_destroy(&pool->grown);
 	pthread_mutex_destroy(&pool->lock);

@@ -645,6 +645,9 @@ struct sop__import {
 	size_t n_pieces, cap_pieces;
 	struct sop__imported *ptrs; /* live and pending, by address */
 	size_t n_ptrs, cap_ptrs, n_pending;
+	/* A piece no pointer uses is still mapped: the driver refused its unmap. Retried at each
+	 * synchronization point, and before the range is mapped again. */
+	bool kept;
 	uint64_t used, used_high; /* bytes of live imported pointers */
 	struct sop__import *next; /* every connected import, for fork */
 };

@@ -49,7 +49,8 @@ piece_open_as(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h,
 }
 
 CUresult
-sop__piece_open(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h)
+sop__piece_open(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h,
+		bool *stuck)
 {
 	size_t n;
 	CUmemAccessDesc *desc = sop__access_list(pool, &n);
@@ -57,7 +58,7 @@ sop__piece_open(struct sop_pool *pool, CUdeviceptr va, size_t size, CUmemGeneric
 
 	if (!desc)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	r = piece_open_as(va, size, h, desc, n, NULL);
+	r = piece_open_as(va, size, h, desc, n, stuck);
 	free(desc);
 	return r;
 }
@@ -109,15 +110,16 @@ sop__piece_unmake(struct sop_pool *pool, const struct sop__piece *pc, bool *orph
 }
 
 /* Create one physical allocation of size bytes with prop and release it at once: whether the
- * driver makes memory there, in its own words. Context current. */
+ * driver makes memory there, in its own words. A release the driver refuses leaves the handle
+ * to the pool's orphans. Context current. */
 CUresult
-sop__piece_probe(const CUmemAllocationProp *prop, size_t size)
+sop__piece_probe(struct sop_pool *pool, const CUmemAllocationProp *prop, size_t size)
 {
 	CUmemGenericAllocationHandle h;
 	CUresult r = SOP_DRV(cuMemCreate)(&h, size, prop, 0);
 
-	if (r == CUDA_SUCCESS)
-		SOP_DRV(cuMemRelease)(h);
+	if (r == CUDA_SUCCESS && SOP_DRV(cuMemRelease)(h) != CUDA_SUCCESS)
+		sop__orphan_keep(pool, h);
 	return r;
 }
 

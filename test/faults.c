@@ -73,15 +73,16 @@ sweep(const char *what, const char *const *entries, prep_fn prep, op_fn op, chec
 
 static sop_pool_t created;
 
+/* A device pool; with arg, a host pool, whose creation makes and releases a granule to ask
+ * the driver whether it makes host memory there. */
 static CUresult
 op_create(void *arg)
 {
 	CUmemPoolProps props;
 
-	(void)arg;
 	memset(&props, 0, sizeof props);
 	props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-	props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	props.location.type = arg ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE;
 	props.location.id = 0;
 	created = (sop_pool_t)0x1;
 	return sop_pool_create(&created, &props);
@@ -483,6 +484,12 @@ main(void)
 	base = th_live();
 
 	sweep("create", create_entries, NULL, op_create, check_create, NULL, false);
+	{
+		/* The probe's release refused: the pool is made, and the handle goes with it. */
+		static const char *const host_entries[] = {"cuMemCreate", "cuMemRelease",
+							   "cuMemAddressReserve", NULL};
+		sweep("create-host", host_entries, NULL, op_create, check_create, &g, true);
+	}
 
 	g.pool = th_pool(0, 0);
 	TH_OK(sop_pool_set_attr(g.pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));

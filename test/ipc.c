@@ -358,6 +358,30 @@ importer(int s, pid_t child)
 
 	/* Memory the exporter mapped after the import. */
 	recv_msg(s, &more, MORE);
+	if (sim) {
+		/* Its piece not opened, and its unmap refused: the import fails with the driver's
+		 * code and the piece stays mapped, kept and unused, until an unmap goes through,
+		 * tried at a synchronization point and before the range is mapped again. */
+		struct sim_live l0 = th_live();
+		int round;
+
+		for (round = 0; round < 2; round++) {
+			th.sim_fail("cuMemSetAccess", 1, CUDA_ERROR_UNKNOWN);
+			th.sim_fail_rate("cuMemUnmap", 1.0, CUDA_ERROR_UNKNOWN);
+			x = (void *)0x1;
+			TH_EQ(sop_pool_import_pointer(&x, ipool, &more.d[0]), CUDA_ERROR_UNKNOWN);
+			TH_ASSERT(x == (void *)0x1);
+			th.sim_fail_clear();
+			TH_EQ(th_live().mappings, l0.mappings + 1);
+			TH_EQ(th_attr(ipool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
+			TH_CHECK(ipool);
+			if (!round) {
+				TH_OK(sop_ctx_synchronize());
+				TH_EQ(th_live().mappings, l0.mappings);
+				TH_EQ(th_attr(ipool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+			}
+		}
+	}
 	TH_OK(sop_pool_import_pointer(&x, ipool, &more.d[0]));
 	TH_ASSERT(th_verify(x, more.size[0], 0xabcd0001u, st));
 	TH_OK(sop_free(x)); /* the synchronous free unmaps at once */
