@@ -258,25 +258,26 @@ ptr_index(const struct sop__import *im, CUdeviceptr ptr)
 	return lo;
 }
 
-/* Unmap and release a piece no pointer uses. Context current. */
-static void
+/* Unmap and release a piece no pointer uses: the unmap's code. Context current. */
+static CUresult
 piece_drop(struct sop_pool *pool, size_t i)
 {
 	struct sop__import *im = pool->import;
 	struct sop__piece *pc = im->pieces[i];
+	CUresult r = SOP_DRV(cuMemUnmap)(pc->va, pc->size);
 
-	if (SOP_DRV(cuMemUnmap)(pc->va, pc->size) == CUDA_SUCCESS) {
-		if (SOP_DRV(cuMemRelease)(pc->handle) != CUDA_SUCCESS)
-			sop__orphan_keep(pool, pc->handle);
-	} else {
+	if (r != CUDA_SUCCESS) {
 		/* Still mapped: kept, and counted, rather than lost, until an unmap goes through. */
 		__atomic_store_n(&im->kept, true, __ATOMIC_RELAXED);
-		return;
+		return r;
 	}
+	if (SOP_DRV(cuMemRelease)(pc->handle) != CUDA_SUCCESS)
+		sop__orphan_keep(pool, pc->handle);
 	atomic_store(&pool->reserved, atomic_load(&pool->reserved) - pc->size);
 	memmove(&im->pieces[i], &im->pieces[i + 1], (im->n_pieces - i - 1) * sizeof *im->pieces);
 	im->n_pieces--;
 	free(pc);
+	return CUDA_SUCCESS;
 }
 
 /* Add delta to the references of the pieces under [ptr, ptr + size); with a drop to zero, the
@@ -502,14 +503,11 @@ pieces_map(struct sop_pool *pool, const struct sop__wire_piece *v, int *fds, siz
 		if (!v[k].serial) /* no piece's: 0 names those kept unopened */
 			return CUDA_ERROR_INVALID_VALUE;
 		/* A piece in the way that no pointer uses is one whose unmap the driver refused:
-		 * tried again. */
+		 * tried again, and refused again, the driver's code. */
 		while (i < im->n_pieces && im->pieces[i]->va < va + v[k].size &&
-		       !im->pieces[i]->refs && im->pieces[i]->serial != v[k].serial) {
-			size_t before = im->n_pieces;
-			piece_drop(pool, i);
-			if (im->n_pieces == before)
-				break;
-		}
+		       !im->pieces[i]->refs && im->pieces[i]->serial != v[k].serial)
+			if ((r = piece_drop(pool, i)) != CUDA_SUCCESS)
+				return r;
 		if (i < im->n_pieces && im->pieces[i]->va < va + v[k].size) {
 			if (im->pieces[i]->serial == v[k].serial && im->pieces[i]->va == va &&
 			    im->pieces[i]->size == v[k].size)

@@ -381,6 +381,39 @@ importer(int s, pid_t child)
 				TH_EQ(th_attr(ipool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
 			}
 		}
+		/* Then imports and frees with the mapping calls failing at random: each import
+		 * succeeds, with its data, or fails with the driver's code; the pool stays sound,
+		 * and once the driver cooperates a synchronization leaves nothing mapped. */
+		th.sim_fail_seed(15);
+		for (round = 0; round < 100; round++) {
+			CUresult r;
+
+			th.sim_fail_rate("cuMemMap", 0.2, CUDA_ERROR_UNKNOWN);
+			th.sim_fail_rate("cuMemSetAccess", 0.3, CUDA_ERROR_UNKNOWN);
+			th.sim_fail_rate("cuMemUnmap", 0.4, CUDA_ERROR_UNKNOWN);
+			th.sim_fail_rate("cuMemRelease", 0.3, CUDA_ERROR_UNKNOWN);
+			r = sop_pool_import_pointer(&x, ipool, &more.d[0]);
+			th.sim_fail_clear();
+			TH_ASSERT(r == CUDA_SUCCESS || r == CUDA_ERROR_UNKNOWN);
+			TH_CHECK(ipool);
+			if (r == CUDA_SUCCESS) {
+				/* Its first and last MiB: the whole of it each time is slow under TSan. */
+				TH_ASSERT(th_verify(x, 1 << 20, 0xabcd0001u, st));
+				TH_ASSERT(th_verify((char *)x + more.size[0] - (1 << 20), 1 << 20,
+						    0xabcd0001u, st));
+				th.sim_fail_rate("cuMemUnmap", 0.4, CUDA_ERROR_UNKNOWN);
+				th.sim_fail_rate("cuMemRelease", 0.3, CUDA_ERROR_UNKNOWN);
+				TH_OK(round % 2 ? sop_free(x) : sop_free_async(x, st));
+				th.sim_fail_clear();
+				TH_CHECK(ipool);
+			}
+			if (round % 7 == 0)
+				TH_OK(sop_ctx_synchronize());
+		}
+		TH_OK(sop_ctx_synchronize());
+		TH_EQ(th_live().mappings, l0.mappings);
+		TH_EQ(th_attr(ipool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+		TH_EQ(th_attr(ipool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
 	}
 	TH_OK(sop_pool_import_pointer(&x, ipool, &more.d[0]));
 	TH_ASSERT(th_verify(x, more.size[0], 0xabcd0001u, st));
