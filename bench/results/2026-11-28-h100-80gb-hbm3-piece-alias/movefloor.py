@@ -13,21 +13,14 @@ Nothing is given back (release threshold UINT64_MAX). Reserved memory is the pie
   python3 movefloor.py [--piece-mib P ...] [--limit F ...]
 """
 import argparse
+import os
+import sys
 
-MASK = (1 << 64) - 1
+# The harness's generator, as bench/fragfloor.py replays it.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from fragfloor import SplitMix64  # noqa: E402
+
 MiB = 1 << 20
-
-
-class SplitMix64:
-    def __init__(self, seed):
-        self.s = seed
-
-    def below(self, n):
-        self.s = (self.s + 0x9E3779B97F4A7C15) & MASK
-        z = self.s
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-        return (z ^ (z >> 31)) % n
 
 
 def run(piece, move, limit=0.0):
