@@ -313,6 +313,16 @@ enum sop__left { SOP_LEFT_NONE, SOP_LEFT_MAPPED, SOP_LEFT_HANDLE };
 CUresult sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size,
 			const CUmemAccessDesc *desc, size_t n, CUmemGenericAllocationHandle *h,
 			enum sop__left *left);
+/* Map at pc->va, and open as desc says, a piece of the pool that was unmapped elsewhere
+ * (sop__idle_take) with its handle and charge kept. On a failure, *left as sop__piece_map says,
+ * and with nothing left mapped the handle is released and uncounted (sop__piece_let_go).
+ * Context current; the pool lock need not be held. */
+CUresult sop__piece_remap(struct sop_pool *pool, const struct sop__piece *pc,
+			  const CUmemAccessDesc *desc, size_t n, enum sop__left *left);
+/* Release an unmapped piece's handle and uncount it from the device's limit; the driver's code
+ * (a refused release leaves the handle the caller's to keep as an orphan). Context current; the
+ * pool lock need not be held. */
+CUresult sop__piece_let_go(struct sop_pool *pool, const struct sop__piece *pc);
 /* Unmap a piece made by sop__piece_map and release its handle, uncounted from the device's
  * limit: false, and nothing done, if the driver refuses the unmap; *orphaned if it refused the
  * release, the handle then the caller's to keep (sop__orphan_keep). Context current; the pool
@@ -442,6 +452,13 @@ CUresult sop__heap_release(struct sop_pool *pool, size_t target, size_t floor);
  * held. */
 CUresult sop__release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_least,
 			   struct sop__block *const spare[2]);
+/* Take idle pieces out of the pool to be mapped again where growth needs memory (grow.c):
+ * largest first, those that fit in want bytes together, none inside the FREE blocks spare
+ * names; each unmapped, its range a hole, its bytes off reserved, its handle and charge kept.
+ * Returns their bytes, the pieces in *out (n_out of them; the caller frees the array and owns
+ * the pieces). Stops at the first piece the driver will not unmap. Pool lock held. */
+size_t sop__idle_take(struct sop_pool *pool, size_t want, struct sop__block *const spare[2],
+		      struct sop__piece ***out, size_t *n_out);
 /* A failed growth's claim whose n pieces pc the driver would not unmap: kept claimed, with the
  * pieces' handles and charges, until a later release unmaps them (every release retries them;
  * a pool is not torn down while any stays). Pool lock held. */
@@ -462,7 +479,7 @@ void sop__heap_destroy(struct sop_pool *pool);
  * heap may now serve the request). CUDA_ERROR_OUT_OF_MEMORY when maxSize, the reservation or
  * the device is exhausted. */
 CUresult sop__heap_grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size,
-			struct sop__block **out, struct sop__sstream **from);
+			uint64_t roomy, struct sop__block **out, struct sop__sstream **from);
 /* After sop__heap_grow answered CUDA_ERROR_NOT_READY and the request found its fit in the
  * heap: wake the next request waiting for growth, which the growth's end did not. Pool lock
  * held. */

@@ -127,10 +127,13 @@ piece_unback(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc,
 	return right;
 }
 
-/* Unmap and release one idle piece inside f. */
+/* Unmap one idle piece inside f and take it out of the pool: its range becomes a hole and
+ * reserved drops by its bytes; its handle, and its charge against the device's limit, stay
+ * with pc. *right as piece_unback says. A piece the driver will not unmap stays, whole and
+ * usable. Context current. */
 static CUresult
-piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc,
-	      struct sop__block **right)
+piece_take(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc,
+	   struct sop__block **right)
 {
 	struct sop__segment *seg = f->seg;
 	struct sop__leaves lv = {0};
@@ -153,31 +156,40 @@ piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc
 	}
 	r = SOP_DRV(cuMemUnmap)(pc->va, pc->size);
 	if (r != CUDA_SUCCESS) {
-		/* Still mapped: the piece stays, whole and usable. */
 		sop__block_delete(pool, d[0]);
 		sop__block_delete(pool, d[1]);
 		sop__leaves_put(pool, &lv, 0);
 		return r;
 	}
-	/* Unmapped: the range leaves the pool whatever the release says. */
-	r = SOP_DRV(cuMemRelease)(pc->handle);
-	if (r != CUDA_SUCCESS)
-		sop__orphan_keep(pool, pc->handle);
 	*right = piece_unback(pool, f, pc, d, &lv);
 	sop__leaves_put(pool, &lv, 0);
 	sop__piece_unlink(seg, pc);
 	atomic_store(&pool->reserved, atomic_load(&pool->reserved) - pc->size);
-	/* Like reserved: the range left the pool, a handle kept as an orphan included. A host
-	 * pool's memory was never counted (vmm.c). */
-	if (!pool->host)
-		sop__limit_discharge(pool->device, pc->size);
 	if (pc->fd_plus1) { /* the descriptor an exported pool kept (share.c) */
 		close(pc->fd_plus1 - 1);
+		pc->fd_plus1 = 0;
 		pool->fds_kept--;
 	}
-	free(pc);
 	if (!seg->mapped && !seg->claims) /* else the growth in it drops it if it fails */
 		sop__segment_drop(pool, seg);
+	return CUDA_SUCCESS;
+}
+
+/* Unmap and release one idle piece inside f. Unmapped, the range leaves the pool whatever the
+ * release says: a handle the driver will not release is kept as an orphan, and counted off
+ * like reserved (a host pool's memory was never counted: vmm.c). */
+static CUresult
+piece_release(struct sop_pool *pool, struct sop__block *f, struct sop__piece *pc,
+	      struct sop__block **right)
+{
+	CUresult r = piece_take(pool, f, pc, right);
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = sop__piece_let_go(pool, pc);
+	if (r != CUDA_SUCCESS)
+		sop__orphan_keep(pool, pc->handle);
+	free(pc);
 	return r;
 }
 
@@ -297,6 +309,55 @@ sop__release_idle(struct sop_pool *pool, size_t target, size_t floor, size_t at_
 	sop__pool_ctx_pop(pool);
 	free(v);
 	return r;
+}
+
+size_t
+sop__idle_take(struct sop_pool *pool, size_t want, struct sop__block *const spare[2],
+	       struct sop__piece ***out, size_t *n_out)
+{
+	struct sop__block *prev_f = NULL, *next_f = NULL;
+	struct sop__piece **pcs = NULL;
+	size_t n, i, picked = 0, bytes, got = 0;
+	struct idle *v = idle_collect(pool, spare, &n, &bytes);
+
+	*out = NULL;
+	*n_out = 0;
+	if (n)
+		qsort(v, n, sizeof *v, idle_by_size);
+	for (i = 0; i < n; i++)
+		if (v[i].pc->size <= want - got) {
+			got += v[i].pc->size;
+			v[picked++] = v[i];
+		}
+	if (picked)
+		pcs = malloc(picked * sizeof *pcs);
+	if (!pcs || sop__pool_ctx_push(pool) != CUDA_SUCCESS) {
+		free(pcs);
+		free(v);
+		return 0;
+	}
+	/* In address order, as a release walks them (sop__release_idle); the first refusal ends
+	 * it, f then being whole again only for the pieces after it. */
+	qsort(v, picked, sizeof *v, idle_by_address);
+	got = 0;
+	for (i = 0; i < picked; i++) {
+		struct sop__block *f = v[i].f == prev_f && next_f ? next_f : v[i].f;
+
+		prev_f = v[i].f;
+		if (piece_take(pool, f, v[i].pc, &next_f) != CUDA_SUCCESS)
+			break;
+		pcs[i] = v[i].pc;
+		got += v[i].pc->size;
+	}
+	sop__pool_ctx_pop(pool);
+	free(v);
+	if (!i) {
+		free(pcs);
+		return 0;
+	}
+	*out = pcs;
+	*n_out = i;
+	return got;
 }
 
 CUresult

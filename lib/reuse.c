@@ -489,6 +489,41 @@ sop__alloc_slow(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, CUs
 	return r;
 }
 
+/* What the pool may reserve before growth for size bytes moves idle pieces rather than adds
+ * to them (grow.c): SOP_MOVE_PAST_TENTHS tenths of its live memory with the request, and at
+ * least its high-water mark (CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH). A move costs driver time to
+ * keep the pool from holding more; below what it held before, that buys nothing its peak
+ * shows, and a warm pool of random sizes up to 1 GiB, moving whenever past 1.3 times, moved
+ * 0.15 pieces an operation and ran at 0.1 M operations a second on the H100 (the driver's
+ * pool: 0.01). Pool lock held. */
+static uint64_t
+roomy(struct sop_pool *pool, size_t size)
+{
+	uint64_t live = (sop__pool_used(pool, SOP_FOLD_NONE) + size) * SOP_MOVE_PAST_TENTHS / 10;
+	uint64_t high = atomic_load(&pool->reserved_high);
+
+	return live > high ? live : high;
+}
+
+/* Whether a request about to grow should first learn if its stream's own frees have completed,
+ * to have them in the heap (step 3 below). In a compacting pool, always. Elsewhere, only for a
+ * request larger than a piece (SOP_PIECE_MAX) in a pool whose pieces move, once growth would
+ * pass roomy(): its growth maps several pieces, and the stream's completed frees, merged in the
+ * heap, may hold idle ones to move there. Random sizes up to 1 GiB, where a stream kept its
+ * frees cached, reserved 1.50 times their live peak; flushed for such requests, 1.29-1.50
+ * (simulated driver). Flushed for every request that grows, the replayed inference trace
+ * reserved 1.72-1.77 times its peak instead of 1.33: the stream's small requests then came from
+ * the heap's best fit instead of its cache, and its large blocks no longer lay next to the holes
+ * its later growths joined them from. Pool lock held. */
+static bool
+flush_pays(struct sop_pool *pool, size_t size)
+{
+	if (atomic_load_explicit(&pool->compact, memory_order_relaxed))
+		return true;
+	return size > SOP_PIECE_MAX && !pool->props.handleTypes &&
+	       atomic_load(&pool->reserved) + size > roomy(pool, size);
+}
+
 /* Growth; or, where it waited for another thread's growth (sop__heap_grow), what that left
  * in the heap, if it fits, before growing again: by the rule of segment affinity, as if the
  * request had come after that growth (a fit in another stream's segment only while growth
@@ -502,7 +537,8 @@ grow_or_find(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct
 	CUresult r;
 	bool crowded;
 
-	while ((r = sop__heap_grow(pool, ss, size, b, from)) == CUDA_ERROR_NOT_READY) {
+	while ((r = sop__heap_grow(pool, ss, size, roomy(pool, size), b, from)) ==
+	       CUDA_ERROR_NOT_READY) {
 		*b = best_take(pool, ss, size, from, &crowded);
 		if (*b && (!crowded || !affinity_affordable(pool))) {
 			sop__growth_pass(pool);
@@ -603,23 +639,16 @@ alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, 
 	/* 3. Before paying for growth, learn whether the stream's own pending frees have
 	 * completed: one query of the stream, against a growth's tens of microseconds. If its
 	 * work is done, they go to the heap, where they merge with their free neighbours into a
-	 * fit, or become idle pieces that the growth gives back instead of adding to them (only
-	 * memory known complete may be unmapped). A stream that allocates large blocks and frees
-	 * them in its own order otherwise kept most of its free memory cached, neither mergeable
-	 * with the heap nor given back: random sizes up to 1 GiB reserved 1.5 times their live
-	 * peak. Else leave a probe on this stream, so that the next time its pending frees can
-	 * be known complete, merged and reshaped (step 1). Only in a compacting pool, whose
-	 * growth comes in pieces that free memory covers whole: with a piece per growth, there
-	 * was nothing idle to give back (random sizes up to 1 GiB stayed at 1.55), and the
-	 * flushed memory, taken from the heap rather than the cache, left the replayed inference
-	 * trace at 866 MiB, where it reserves 624 (simulated driver). */
+	 * fit, or become idle pieces that the growth moves or gives back instead of adding to
+	 * them (only memory known complete may be unmapped). Else leave a probe on this stream,
+	 * so that the next time its pending frees can be known complete, merged and reshaped
+	 * (step 1). Where that pays: flush_pays. */
 	if (!b) {
 		uint64_t last;
 		sop__lock_take(&ss->lock);
 		last = ss->cache.n_blocks ? ss->last_seq : 0;
 		sop__lock_drop(&ss->lock);
-		if (last && atomic_load_explicit(&pool->compact, memory_order_relaxed) &&
-		    sop__stream_query(ss->st, stream) >= last) {
+		if (last && flush_pays(pool, size) && sop__stream_query(ss->st, stream) >= last) {
 			own_flush(ss);
 			b = best_take(pool, ss, size, &from, &crowded);
 		} else if (last) {

@@ -98,14 +98,39 @@ sop__piece_map(struct sop_pool *pool, CUdeviceptr va, size_t size, const CUmemAc
 	return r;
 }
 
+CUresult
+sop__piece_remap(struct sop_pool *pool, const struct sop__piece *pc, const CUmemAccessDesc *desc,
+		 size_t n, enum sop__left *left)
+{
+	bool stuck = false;
+	CUresult r = piece_open_as(pc->va, pc->size, pc->handle, desc, n, &stuck);
+
+	*left = SOP_LEFT_NONE;
+	if (r == CUDA_SUCCESS)
+		return r;
+	if (stuck)
+		*left = SOP_LEFT_MAPPED;
+	else if (sop__piece_let_go(pool, pc) != CUDA_SUCCESS)
+		*left = SOP_LEFT_HANDLE;
+	return r;
+}
+
+CUresult
+sop__piece_let_go(struct sop_pool *pool, const struct sop__piece *pc)
+{
+	CUresult r = SOP_DRV(cuMemRelease)(pc->handle);
+
+	if (!pool->host)
+		sop__limit_discharge(pool->device, pc->size);
+	return r;
+}
+
 bool
 sop__piece_unmake(struct sop_pool *pool, const struct sop__piece *pc, bool *orphaned)
 {
 	if (SOP_DRV(cuMemUnmap)(pc->va, pc->size) != CUDA_SUCCESS)
 		return false;
-	*orphaned = SOP_DRV(cuMemRelease)(pc->handle) != CUDA_SUCCESS;
-	if (!pool->host)
-		sop__limit_discharge(pool->device, pc->size);
+	*orphaned = sop__piece_let_go(pool, pc) != CUDA_SUCCESS;
 	return true;
 }
 

@@ -140,6 +140,73 @@ check_grow(void *arg, CUresult r)
 	}
 }
 
+/* ---- Growth that moves an idle piece ------------------------------------------------------ */
+
+/* A fresh pool each time, holding x and z in a piece of 32 MiB each, with y's piece between
+ * them idle: a request of 40 MiB moves y's piece and makes 8 MiB (test/pieces.c, growth_moves).
+ * A failure anywhere in it: the request fails with the driver's code, or succeeds where the
+ * failure cost only the move (an unmap refused: the piece stays and more is made; a release
+ * refused: the handle waits as an orphan); the idle piece may be gone, nothing else changes,
+ * and once the pool is destroyed nothing is left. */
+struct move_arg {
+	sop_pool_t pool;
+	CUstream s;
+	void *x, *z, *p;
+};
+
+static void
+prep_move(void *arg)
+{
+	struct move_arg *m = arg;
+	cuuint64_t keep = UINT64_MAX;
+	void *y;
+
+	m->pool = th_pool(0, 0);
+	TH_OK(sop_pool_set_attr(m->pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	TH_OK(sop_malloc_from_pool_async(&m->x, 32 * MiB, m->pool, m->s));
+	TH_OK(sop_malloc_from_pool_async(&y, 32 * MiB, m->pool, m->s));
+	TH_OK(sop_malloc_from_pool_async(&m->z, 32 * MiB, m->pool, m->s));
+	TH_OK(sop_free_async(y, m->s));
+	TH_OK(sop_stream_synchronize(m->s));
+	TH_EQ(th_attr(m->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 96 * MiB);
+}
+
+static CUresult
+op_move(void *arg)
+{
+	struct move_arg *m = arg;
+
+	m->p = (void *)0x1;
+	return sop_malloc_from_pool_async(&m->p, 40 * MiB, m->pool, m->s);
+}
+
+static void
+check_move(void *arg, CUresult r)
+{
+	struct move_arg *m = arg;
+	uint64_t held = th_attr(m->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+
+	TH_CHECK(m->pool);
+	if (r == CUDA_SUCCESS) {
+		TH_EQ(th_attr(m->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 104 * MiB);
+		TH_ASSERT(held >= 104 * MiB && held <= 136 * MiB);
+		th_fill(m->p, 40 * MiB, 0x5a5a5a5au, m->s);
+		TH_ASSERT(th_verify(m->p, 40 * MiB, 0x5a5a5a5au, m->s));
+		TH_OK(sop_free_async(m->p, m->s));
+	} else {
+		TH_EQ(r, FAULT);
+		TH_ASSERT(m->p == (void *)0x1);
+		TH_EQ(th_attr(m->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 64 * MiB);
+		TH_ASSERT(held == 64 * MiB || held == 96 * MiB);
+	}
+	TH_OK(sop_free_async(m->x, m->s));
+	TH_OK(sop_free_async(m->z, m->s));
+	TH_OK(sop_stream_synchronize(m->s));
+	TH_CHECK(m->pool);
+	TH_OK(sop_pool_destroy(m->pool));
+	live_same(__LINE__);
+}
+
 /* ---- A stream's first use --------------------------------------------------------------- */
 
 /* A new stream each time (which the driver may give the last one's handle): its first use asks
@@ -491,6 +558,21 @@ main(void)
 		sweep("create-host", host_entries, NULL, op_create, check_create, &g, true);
 	}
 
+	{
+		static const char *const move_entries[] = {"cuMemUnmap", "cuMemCreate", "cuMemMap",
+							   "cuMemSetAccess", "cuMemRelease", NULL};
+		struct move_arg m = {.s = g.s};
+
+		/* A first round unswept: the stream-ordered use retains the primary context once,
+		 * for the process (sop's probe events live there). */
+		prep_move(&m);
+		TH_OK(sop_free_async(m.x, m.s));
+		TH_OK(sop_free_async(m.z, m.s));
+		TH_OK(sop_stream_synchronize(m.s));
+		TH_OK(sop_pool_destroy(m.pool));
+		base = th_live();
+		sweep("grow-move", move_entries, prep_move, op_move, check_move, &m, true);
+	}
 	g.pool = th_pool(0, 0);
 	TH_OK(sop_pool_set_attr(g.pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
 	{

@@ -945,6 +945,68 @@ growth_check_mid(CUstream s)
 	TH_OK(sop_pool_destroy(c_pool));
 }
 
+/* An idle piece moves where growth needs memory: x, y and z take a piece of 32 MiB each, y is
+ * freed and known complete, so its piece is idle between two live ones. A request of 40 MiB
+ * fits nowhere; making it whole would hold 136 MiB for 104 live, past 1.3 times, so growth
+ * unmaps y's piece, maps it again in the new range and makes only the 8 MiB beyond it: 104 MiB
+ * reserved, one piece made, two mapped. The moved memory is whole memory (written and
+ * read back end to end, its neighbours untouched); y's range is a hole, refused as a pointer. A
+ * request that stays within 1.3 times makes its piece and moves nothing. */
+static void
+growth_moves(CUstream s)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	cuuint64_t keep_all = UINT64_MAX;
+	void *x, *y, *z, *w, *v;
+	unsigned long c0, m0;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all));
+	TH_OK(sop_malloc_from_pool_async(&x, 32 * MiB, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&y, 32 * MiB, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&z, 32 * MiB, pool, s));
+	TH_EQ(reserved(pool), 3 * STEP);
+	TH_EQ(n_pieces(pool), 3);
+	TH_EQ((char *)z - (char *)x, (long)(64 * MiB));
+	th_fill(x, 32 * MiB, 0x11111111u, s);
+	th_fill(y, 32 * MiB, 0x22222222u, s);
+	th_fill(z, 32 * MiB, 0x33333333u, s);
+	TH_OK(sop_free_async(y, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_EQ(reserved(pool), 3 * STEP);
+
+	c0 = creates();
+	m0 = th.sim_calls ? th.sim_calls("cuMemMap") : 0;
+	TH_OK(sop_malloc_from_pool_async(&w, 40 * MiB, pool, s));
+	TH_EQ(reserved(pool), 104 * MiB);
+	TH_CREATES(c0, 1);
+	if (th.sim_calls)
+		TH_EQ(th.sim_calls("cuMemMap") - m0, 2);
+	TH_EQ(n_pieces(pool), 4);
+	gone(y);
+	live(pool, w);
+	TH_CHECK(pool);
+	th_fill(w, 40 * MiB, 0x44444444u, s);
+	TH_ASSERT(th_verify(x, 32 * MiB, 0x11111111u, s));
+	TH_ASSERT(th_verify(z, 32 * MiB, 0x33333333u, s));
+	TH_ASSERT(th_verify(w, 40 * MiB, 0x44444444u, s));
+
+	/* 104 MiB live and 32 more asked: a piece made for them (136 MiB reserved) stays within
+	 * 1.3 times, and nothing is idle to move anyway. */
+	c0 = creates();
+	TH_OK(sop_malloc_from_pool_async(&v, 32 * MiB, pool, s));
+	TH_EQ(reserved(pool), 136 * MiB);
+	TH_CREATES(c0, 1);
+	TH_EQ(n_pieces(pool), 5);
+	TH_CHECK(pool);
+	TH_OK(sop_free_async(v, s));
+	TH_OK(sop_free_async(w, s));
+	TH_OK(sop_free_async(x, s));
+	TH_OK(sop_free_async(z, s));
+	TH_OK(sop_stream_synchronize(s));
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+}
+
 int
 main(void)
 {
@@ -968,6 +1030,7 @@ main(void)
 	growth_wait_meets(s);
 	growth_check_mid(s);
 	growth_pool_reaped(s);
+	growth_moves(s);
 	th_stream_destroy(s);
 	printf("pieces: ok\n");
 	return 0;
