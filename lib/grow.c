@@ -2,8 +2,8 @@
  *
  * Growth maps a piece where it joins free memory if that maps less (a block at a hole's edge,
  * or a stream's own cached memory), else in a hole of a segment of the stream's own or of a
- * new segment; wholly free pieces are released first when they add up to what is mapped
- * (release.c). Pool lock held, but for the driver's calls: the range is claimed first, mapped
+ * new segment. Wholly free pieces replace new memory: moved there, or released first when they
+ * add up to what is mapped (release.c). Pool lock held, but for the driver's calls: the range is claimed first, mapped
  * with the lock dropped, and published under it again (Claims, below).
  */
 #include <stdlib.h>
@@ -302,12 +302,8 @@ segment_room(struct sop_pool *pool)
 	return room > SOP_SEGMENT_MIN ? room : sop__round_up(SOP_SEGMENT_MIN, pool->granularity);
 }
 
-/* Whether growth moves idle pieces: not in a pool whose memory may be exported, where an
- * importer names a piece by where it was made (share.c), nor in a compacting one, which gives
- * idle pieces back at each growth (test/large.c: moved only past 1.3 times the live memory,
- * it held 1.30 times its peak, against 1.12-1.15). */
-static bool
-pieces_move(const struct sop_pool *pool)
+bool
+sop__pieces_move(const struct sop_pool *pool)
 {
 	return !pool->props.handleTypes && !atomic_load_explicit(&pool->compact, memory_order_relaxed);
 }
@@ -322,7 +318,7 @@ piece_unit(struct sop_pool *pool, size_t size)
 	size_t unit;
 
 	if (!atomic_load_explicit(&pool->compact, memory_order_relaxed)) {
-		if (size <= SOP_PIECE_MAX || !pieces_move(pool))
+		if (size <= SOP_PIECE_MAX || !sop__pieces_move(pool))
 			return size;
 		return sop__round_up(size / ((size + SOP_PIECE_MAX - 1) / SOP_PIECE_MAX),
 				     pool->granularity);
@@ -461,41 +457,54 @@ pieces_map(struct sop_pool *pool, struct mapping *m, CUdeviceptr va, size_t size
 	return r;
 }
 
+/* Let go of n unmapped pieces pc taken for a growth (sop__idle_take): released and uncounted,
+ * a handle whose release the driver refuses to m's orphans. Context current; pool lock dropped
+ * (moved_drop, with it held). */
+static void
+pieces_let_go(struct sop_pool *pool, struct mapping *m, struct sop__piece *const *pc, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		if (sop__piece_let_go(pool, pc[i]) != CUDA_SUCCESS)
+			m->orphans[m->n_orphans++] = pc[i]->handle;
+		free(pc[i]);
+	}
+}
+
 /* Map the idle pieces pc taken from elsewhere in the pool (sop__idle_take), n of them, one
- * after another from va, into m, after the growth's making returned r; the pieces are m's or
- * freed. On a failure, those not mapped are let go, and those mapped are unmapped and let go
- * with m's others (pieces_unmake: what stays mapped stays in m); after a failed making, all
- * are let go. Context current; pool lock dropped. */
+ * after another from va, into m. On a failure, the rest are let go, and those mapped are
+ * unmapped and let go with m's others (pieces_unmake: what stays mapped stays in m). Context
+ * current; pool lock dropped. */
 static CUresult
 pieces_remap(struct sop_pool *pool, struct mapping *m, CUdeviceptr va,
-	     struct sop__piece *const *pc, size_t n, CUresult r)
+	     struct sop__piece *const *pc, size_t n)
 {
-	CUresult failed = r;
 	size_t i;
 
 	for (i = 0; i < n; i++) {
 		enum sop__left left;
+		CUresult r;
 
 		pc[i]->va = va;
 		va += pc[i]->size;
+		r = sop__piece_remap(pool, pc[i], m->desc, m->n_desc, &left);
 		if (r == CUDA_SUCCESS) {
-			r = sop__piece_remap(pool, pc[i], m->desc, m->n_desc, &left);
-			if (r == CUDA_SUCCESS || left == SOP_LEFT_MAPPED) {
-				m->pc[m->n++] = pc[i];
-				continue;
-			}
-		} else if (sop__piece_let_go(pool, pc[i]) == CUDA_SUCCESS) {
-			left = SOP_LEFT_NONE;
-		} else {
-			left = SOP_LEFT_HANDLE;
+			m->pc[m->n++] = pc[i];
+			continue;
 		}
-		if (left == SOP_LEFT_HANDLE)
-			m->orphans[m->n_orphans++] = pc[i]->handle;
-		free(pc[i]);
-	}
-	if (r != CUDA_SUCCESS && failed == CUDA_SUCCESS)
+		if (left == SOP_LEFT_MAPPED) {
+			m->pc[m->n++] = pc[i];
+		} else {
+			if (left == SOP_LEFT_HANDLE)
+				m->orphans[m->n_orphans++] = pc[i]->handle;
+			free(pc[i]);
+		}
+		pieces_let_go(pool, m, pc + i + 1, n - i - 1);
 		pieces_unmake(pool, m);
-	return r;
+		return r;
+	}
+	return CUDA_SUCCESS;
 }
 
 /* Open m's pieces to the peers as the pool's access stands now, if it changed since they were
@@ -618,7 +627,8 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, uint64_t roomy
 	struct sop__piece **moved = NULL;
 	struct mapping m = {0};
 	CUdeviceptr at, va;
-	size_t unit, mapped, make, mv = 0, n_moved = 0;
+	size_t unit, mapped, make, mv, n_moved = 0;
+	bool again = false; /* anything given back or taken: the plan is made again */
 	struct plan pl;
 	CUresult r;
 	int k;
@@ -640,13 +650,12 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, uint64_t roomy
 	 * random sizes up to 1 GiB at 0.024 M operations a second on the H100, a third of the
 	 * driver's pool's speed. */
 	plan_spare(&pl, spare);
-	r = CUDA_ERROR_NOT_READY; /* nothing given back or taken: the plan stands */
-	if (!pieces_move(pool))
-		r = sop__release_idle(pool, (size_t)atomic_load(&pool->reserved) - pl.size, 0,
-				      pl.size, spare);
+	if (!sop__pieces_move(pool))
+		again = sop__release_idle(pool, (size_t)atomic_load(&pool->reserved) - pl.size, 0,
+					  pl.size, spare) == CUDA_SUCCESS;
 	else if (committed(pool) + pl.size > roomy)
-		mv = sop__idle_take(pool, pl.size, spare, &moved, &n_moved);
-	if ((r == CUDA_SUCCESS || n_moved) && !plan_make(pool, ss, size, false, &pl)) {
+		again = sop__idle_take(pool, pl.size, spare, &moved, &n_moved) != 0;
+	if (again && !plan_make(pool, ss, size, false, &pl)) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto fail;
 	}
@@ -703,11 +712,11 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, uint64_t roomy
 				break;
 			make = pl.least > mv ? pl.least - mv : 0;
 		}
-		if (n_moved) {
-			r = pieces_remap(pool, &m, pl.at_end ? at + pl.size - mv : at, moved, n_moved,
-					 r);
-			n_moved = 0;
-		}
+		if (r == CUDA_SUCCESS)
+			r = pieces_remap(pool, &m, pl.at_end ? at + pl.size - mv : at, moved, n_moved);
+		else
+			pieces_let_go(pool, &m, moved, n_moved);
+		n_moved = 0;
 		sop__pool_lock_spun(pool);
 		if (r == CUDA_SUCCESS) {
 			r = access_catch_up(pool, &m);

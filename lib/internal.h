@@ -22,7 +22,8 @@
  *   block.c     descriptors, carve and split, merge, the pool heap of FREE blocks, spares
  *   segment.c   the pool's address space: free extents of the reservation, segments, holes,
  *               piece arrays; free extents and peer access over every piece
- *   release.c   idle pieces back to the driver; the host side of a pool at teardown
+ *   release.c   idle pieces back to the driver, or out of the pool for growth to move; the
+ *               host side of a pool at teardown
  *   grow.c      growth: where physical memory is mapped for a request
  * Stream order and stream caches
  *   order.c     who a stream is (by id), its record, epochs and probe events
@@ -471,7 +472,8 @@ void sop__heap_destroy(struct sop_pool *pool);
 
 /* Map physical memory for a block of at least size bytes and take it (*out): next to free
  * memory (FREE, or cached on ss) if that maps less, else in a hole of a segment of ss's own or
- * of a new one; wholly free pieces are released first when they add up to what is mapped. The
+ * of a new one; wholly free pieces are moved there, or released first when they add up to what
+ * is mapped (roomy: what the pool may reserve before growth moves them, sop__pieces_move). The
  * block is out of every bin: FREE (*from NULL), or cached on ss without an owner (*from ss), as
  * sop__block_carve takes it. Pool lock held, and dropped while the driver maps (grow.c,
  * Claims): the caller holds nothing it found under the lock across the call, but its own
@@ -484,6 +486,12 @@ CUresult sop__heap_grow(struct sop_pool *pool, struct sop__sstream *ss, size_t s
  * heap: wake the next request waiting for growth, which the growth's end did not. Pool lock
  * held. */
 void sop__growth_pass(struct sop_pool *pool);
+/* Whether growth moves idle pieces where it needs memory (sop__idle_take) rather than give
+ * them back: not in a pool whose memory may be exported, where an importer names a piece by
+ * where it was made (share.c), nor in a compacting one, which gives idle pieces back at each
+ * growth (test/large.c: moved only past 1.3 times the live memory, it held 1.30 times its
+ * peak, against 1.12-1.15). */
+bool sop__pieces_move(const struct sop_pool *pool);
 /* Make the segments whose home is ss nobody's, if used (ss's live bytes) is less than half of
  * what they map (0: always): the rest is free memory that only ss would take while they are its.
  * True when none is left whose home is ss. Pool lock held. */

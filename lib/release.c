@@ -1,6 +1,8 @@
 /* release.c - giving physical memory back: pieces that FREE blocks cover whole are idle, and
- * are unmapped and released on their own, leaving a hole; unmaps the driver refused to a failed
- * growth, retried; and the host side of a pool whose segments have all gone. Pool lock held.
+ * are unmapped and released on their own, leaving a hole, or unmapped and taken out of the pool
+ * with their handles for growth to map again elsewhere (grow.c); unmaps the driver refused to a
+ * failed growth, retried; and the host side of a pool whose segments have all gone. Pool lock
+ * held.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -520,7 +520,7 @@ flush_pays(struct sop_pool *pool, size_t size)
 {
 	if (atomic_load_explicit(&pool->compact, memory_order_relaxed))
 		return true;
-	return size > SOP_PIECE_MAX && !pool->props.handleTypes &&
+	return size > SOP_PIECE_MAX && sop__pieces_move(pool) &&
 	       atomic_load(&pool->reserved) + size > roomy(pool, size);
 }
 
