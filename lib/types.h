@@ -32,14 +32,23 @@
 #define SOP_OWN_STEP (SOP_SEGMENT_MIN / 4)
 /* Growth maps at most this much in one physical allocation, so that memory freed in a pool's
  * large blocks comes back whole as idle pieces, to be moved where growth needs it (grow.c);
- * but in a pool whose memory may be exported, whose pieces stay where they were made. */
-#define SOP_PIECE_MAX ((size_t)256 << 20)
+ * but in a pool whose memory may be exported, whose pieces stay where they were made. Smaller
+ * pieces pack tighter but move more, and a move costs by the piece (about 55 us on the H200,
+ * however the calls are grouped): random sizes up to 1 GiB held 1.33x their live peak at 16-17
+ * times the driver's pool's speed with 128 MiB, 1.32x at 9-10 times with 64 MiB, 1.36-1.40x at
+ * 27-61 times with 256 (bench/results/2026-11-28-h200-piece-costs/). */
+#ifndef SOP_PIECE_MAX_MIB /* given to the compiler to measure others */
+#define SOP_PIECE_MAX_MIB 256
+#endif
+#define SOP_PIECE_MAX ((size_t)SOP_PIECE_MAX_MIB << 20)
 /* Growth moves idle pieces rather than adds memory once the pool would reserve more than this
  * many tenths of its live memory, and more than it ever held (reuse.c, roomy). Random sizes up
  * to 1 GiB on the H100, reserved-high over live peak and the warm pool's speed (the driver's
  * pool: 1.062, 0.0097 M operations a second; sop without moves 1.506): past 1.2 times, 1.338 at
  * 0.126; past 1.3, 1.38-1.42 at 0.23-0.28; past 1.4, 1.462 at 0.45; past 1.5, 1.50. */
+#ifndef SOP_MOVE_PAST_TENTHS
 #define SOP_MOVE_PAST_TENTHS 13
+#endif
 /* A compacting pool (sop_pool_set_compaction) grows by at least this much, in physical
  * allocations of this size, or of a sixteenth of the growth if that is more, so that more of
  * its memory can go back idle (design.md, Compaction). */
