@@ -3,8 +3,8 @@
 # the docs' figures need one: on one machine and one tree, the GPU suite (gpu-suite.txt), then
 # the full harness (bench/run.sh: results.md and the rest), then the data-integrity stress with
 # sixteen threads for SEC seconds (integrity.txt; default 300, 0 for none), all into OUTDIR.
-# The library is built with link-time optimization, by the system gcc unless CC names another
-# compiler (some machines' default compiler cannot link with it). Each step prints the seconds
+# The library is built with link-time optimization, by the first compiler that can link with it
+# (bench/lto-cc.sh: the one CC names, the system gcc, cc). Each step prints the seconds
 # it ended at, so that a caller with a time limit can size --integrity: the suite takes about
 # four minutes on an H100 and the harness three. Without a GPU this exits 77.
 set -u
@@ -25,7 +25,7 @@ done
 nvidia-smi >/dev/null 2>&1 || { echo "no GPU here: nothing measured"; exit 77; }
 # NVLink multicast stays off for the frameworks the suite runs.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-[ -z "${CC:-}" ] && [ -x /usr/bin/gcc ] && export CC=/usr/bin/gcc
+. bench/lto-cc.sh
 t0=$(date +%s)
 mark() { echo "record: $1 at $(($(date +%s) - t0)) s"; }
 mkdir -p "$out"
