@@ -31,8 +31,10 @@ fi
 if ! command -v meson >/dev/null && python3 -c 'import mesonbuild' 2>/dev/null; then
 	meson() { python3 -m mesonbuild.mesonmain "$@"; }
 fi
-. bench/lto-cc.sh
-[ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release -Dtests=false >/dev/null
+if [ ! -f "$build/build.ninja" ]; then
+	. bench/lto-cc.sh
+	meson setup "$build" --buildtype=release -Dtests=false >/dev/null
+fi
 ninja -C "$build" >/dev/null
 
 mkdir -p "$out"

@@ -28,8 +28,10 @@ while [ $# -gt 0 ]; do
 done
 nvidia-smi >/dev/null 2>&1 || { echo "no GPU here: nothing measured"; exit 77; }
 build=${SOP_BENCH_BUILD:-build-bench}
-. bench/lto-cc.sh
-[ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release -Dtests=false >/dev/null
+if [ ! -f "$build/build.ninja" ]; then
+	. bench/lto-cc.sh
+	meson setup "$build" --buildtype=release -Dtests=false >/dev/null
+fi
 ninja -C "$build" >/dev/null || exit 1
 run=$build/sop-run
 mkdir -p "$out"
