@@ -1,9 +1,10 @@
 /* peer.c - two devices: a device-0 pool's memory written and read by device 1's copy engines once
- * access is granted, memory the pool maps after the grant included; revoking; an allocation from
- * a device-0 pool on a stream of device 1; sop_malloc_async taking the stream's device's current
- * pool; per-device default and current pools; both devices' pools from many threads at once, each
- * block's contents checked. Needs two devices that can reach each other (exit 77 without): the
- * simulated driver's two in CI, two GPUs on a machine that has them.
+ * access is granted, memory the pool maps after the grant and a piece that growth moves
+ * included; revoking; an allocation from a device-0 pool on a stream of device 1;
+ * sop_malloc_async taking the stream's device's current pool; per-device default and current
+ * pools; both devices' pools from many threads at once, each block's contents checked. Needs two
+ * devices that can reach each other (exit 77 without): the simulated driver's two in CI, two
+ * GPUs on a machine that has them.
  */
 #include <string.h>
 
@@ -87,6 +88,84 @@ access_and_growth(sop_pool_t pool, CUstream s0, CUstream s1)
 	TH_OK(sop_free_async(b, s0));
 	TH_OK(sop_stream_synchronize(s0));
 	TH_CHECK(pool);
+}
+
+static size_t
+reserved_now(sop_pool_t pool)
+{
+	cuuint64_t v = 0;
+
+	TH_OK(sop_pool_get_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v));
+	return (size_t)v;
+}
+
+/* Whether device 1 may read and write both ends of [p, p + bytes), by the driver's own record. */
+static bool
+open_to_1(void *p, size_t bytes)
+{
+	CUmemLocation dev1 = {CU_MEM_LOCATION_TYPE_DEVICE, 1};
+	unsigned long long f0 = 0, f1 = 0;
+
+	TH_OK(th.cuMemGetAccess(&f0, &dev1, (CUdeviceptr)(uintptr_t)p));
+	TH_OK(th.cuMemGetAccess(&f1, &dev1, (CUdeviceptr)(uintptr_t)p + bytes - 1));
+	return f0 == CU_MEM_ACCESS_FLAGS_PROT_READWRITE && f1 == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+}
+
+/* A piece that growth moves (grow.c) keeps the pool's access: x, y and z take a piece of 32 MiB
+ * each in a pool open to device 1, device 1 writes y, y is freed and known complete, and a
+ * request of 40 MiB moves y's idle piece into its new range rather than hold 136 MiB for 104
+ * live (test/pieces.c, growth_moves). Device 1 writes the whole of the new block, the moved
+ * piece and the memory made beside it, device 0 reads it back, and x and z keep what device 1
+ * wrote through their own mappings; revoked, the moved piece is closed to device 1 like the
+ * rest. */
+static void
+moved_piece(CUstream s0, CUstream s1)
+{
+	CUmemAccessDesc grant = {{CU_MEM_LOCATION_TYPE_DEVICE, 1}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+	CUmemAccessDesc revoke = {{CU_MEM_LOCATION_TYPE_DEVICE, 1}, CU_MEM_ACCESS_FLAGS_PROT_NONE};
+	CUmemLocation dev1 = {CU_MEM_LOCATION_TYPE_DEVICE, 1};
+	sop_pool_t pool = th_pool(0, 0);
+	cuuint64_t keep_all = UINT64_MAX;
+	size_t piece = (size_t)32 << 20, big = (size_t)40 << 20;
+	unsigned long long f = 0;
+	void *x, *y, *z, *w;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all));
+	TH_OK(sop_pool_set_access(pool, &grant, 1));
+	TH_OK(sop_malloc_from_pool_async(&x, piece, pool, s0));
+	TH_OK(sop_malloc_from_pool_async(&y, piece, pool, s0));
+	TH_OK(sop_malloc_from_pool_async(&z, piece, pool, s0));
+	TH_OK(sop_stream_synchronize(s0));
+	TH_EQ(reserved_now(pool), 3 * piece);
+	fill_on(x, piece, 0x33330001u, s1);
+	fill_on(y, piece, 0x33330002u, s1);
+	fill_on(z, piece, 0x33330003u, s1);
+	TH_OK(sop_stream_synchronize(s1));
+	TH_OK(sop_free_async(y, s0));
+	TH_OK(sop_stream_synchronize(s0));
+	TH_OK(sop_malloc_from_pool_async(&w, big, pool, s0));
+	/* Moved, not made whole: 104 MiB, as in test/pieces.c. */
+	TH_EQ(reserved_now(pool), 3 * piece + (big - piece));
+	TH_OK(sop_stream_synchronize(s0));
+	TH_ASSERT(open_to_1(w, big));
+	fill_on(w, big, 0x33330004u, s1);
+	TH_OK(sop_stream_synchronize(s1));
+	TH_ASSERT(holds(w, big, 0x33330004u, s0));
+	TH_ASSERT(holds(x, piece, 0x33330001u, s1));
+	TH_ASSERT(holds(z, piece, 0x33330003u, s1));
+	TH_CHECK(pool);
+	TH_OK(sop_pool_set_access(pool, &revoke, 1));
+	TH_OK(th.cuMemGetAccess(&f, &dev1, (CUdeviceptr)(uintptr_t)w));
+	TH_EQ(f, CU_MEM_ACCESS_FLAGS_PROT_NONE);
+	TH_OK(th.cuMemGetAccess(&f, &dev1, (CUdeviceptr)(uintptr_t)w + big - 1));
+	TH_EQ(f, CU_MEM_ACCESS_FLAGS_PROT_NONE);
+	TH_ASSERT(holds(w, big, 0x33330004u, s0));
+	TH_OK(sop_free_async(w, s0));
+	TH_OK(sop_free_async(x, s0));
+	TH_OK(sop_free_async(z, s0));
+	TH_OK(sop_stream_synchronize(s0));
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
 }
 
 static void
@@ -219,13 +298,15 @@ main(void)
 	pool = th_pool(0, 0);
 	access_and_growth(pool, s0, s1);
 	TH_OK(sop_pool_destroy(pool));
+	moved_piece(s0, s1);
 	current_pools(s0, s1);
 	threads();
 	TH_OK(th.cuCtxSetCurrent(ctx[1]));
 	th_stream_destroy(s1);
 	TH_OK(th.cuCtxSetCurrent(ctx[0]));
 	th_stream_destroy(s0);
-	printf("peer: two devices, access, growth after the grant, current pools, %d threads: ok\n",
+	printf("peer: two devices, access, growth after the grant, a moved piece, current pools, "
+	       "%d threads: ok\n",
 	       THREADS);
 	return 0;
 }
