@@ -2,7 +2,8 @@
 # A/B on one lease: the library of this tree ("new") against the same with base.patch applied
 # ("base": lib/ as it was before the change), each built with link-time optimization; the
 # harness's single-stream workloads and the threads workload at sixteen, twice each, sides
-# interleaved inside each run; then mix.c (a pool that served random sizes, then pairs).
+# interleaved inside each run; then ../2026-11-28-h200-random-variants/mix.c (a pool that served
+# random sizes, then pairs; it ran from an identical copy in this folder).
 # Run from the repository's root with the output folder as the argument.
 set -u
 out=${1:?output folder}
@@ -16,7 +17,7 @@ rm -rf /tmp/base && mkdir -p /tmp/base && cp -r lib include meson.build meson_op
 (meson setup /tmp/bn --buildtype=release -Dtests=false >/dev/null 2>&1 && ninja -C /tmp/bn >/dev/null 2>&1 || echo "new build failed") &
 wait
 for v in base new; do
-	$CC -O2 -I include -I /usr/local/cuda/include $d/mix.c -o /tmp/mix-$v -L /tmp/b${v:0:1} -lsop -ldl -Wl,-rpath,/tmp/b${v:0:1} || exit 1
+	$CC -O2 -I include -I /usr/local/cuda/include bench/results/2026-11-28-h200-random-variants/mix.c -o /tmp/mix-$v -L /tmp/b${v:0:1} -lsop -ldl -Wl,-rpath,/tmp/b${v:0:1} || exit 1
 done
 for r in 1 2; do
 	for v in base new; do
