@@ -90,25 +90,16 @@ access_and_growth(sop_pool_t pool, CUstream s0, CUstream s1)
 	TH_CHECK(pool);
 }
 
-static size_t
-reserved_now(sop_pool_t pool)
-{
-	cuuint64_t v = 0;
-
-	TH_OK(sop_pool_get_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v));
-	return (size_t)v;
-}
-
-/* Whether device 1 may read and write both ends of [p, p + bytes), by the driver's own record. */
+/* Whether the driver records flags as device 1's access at both ends of [p, p + bytes). */
 static bool
-open_to_1(void *p, size_t bytes)
+access_of_1(void *p, size_t bytes, unsigned long long flags)
 {
 	CUmemLocation dev1 = {CU_MEM_LOCATION_TYPE_DEVICE, 1};
 	unsigned long long f0 = 0, f1 = 0;
 
 	TH_OK(th.cuMemGetAccess(&f0, &dev1, (CUdeviceptr)(uintptr_t)p));
 	TH_OK(th.cuMemGetAccess(&f1, &dev1, (CUdeviceptr)(uintptr_t)p + bytes - 1));
-	return f0 == CU_MEM_ACCESS_FLAGS_PROT_READWRITE && f1 == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	return f0 == flags && f1 == flags;
 }
 
 /* A piece that growth moves (grow.c) keeps the pool's access: x, y and z take a piece of 32 MiB
@@ -123,11 +114,9 @@ moved_piece(CUstream s0, CUstream s1)
 {
 	CUmemAccessDesc grant = {{CU_MEM_LOCATION_TYPE_DEVICE, 1}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
 	CUmemAccessDesc revoke = {{CU_MEM_LOCATION_TYPE_DEVICE, 1}, CU_MEM_ACCESS_FLAGS_PROT_NONE};
-	CUmemLocation dev1 = {CU_MEM_LOCATION_TYPE_DEVICE, 1};
 	sop_pool_t pool = th_pool(0, 0);
 	cuuint64_t keep_all = UINT64_MAX;
 	size_t piece = (size_t)32 << 20, big = (size_t)40 << 20;
-	unsigned long long f = 0;
 	void *x, *y, *z, *w;
 
 	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all));
@@ -136,7 +125,7 @@ moved_piece(CUstream s0, CUstream s1)
 	TH_OK(sop_malloc_from_pool_async(&y, piece, pool, s0));
 	TH_OK(sop_malloc_from_pool_async(&z, piece, pool, s0));
 	TH_OK(sop_stream_synchronize(s0));
-	TH_EQ(reserved_now(pool), 3 * piece);
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 3 * piece);
 	fill_on(x, piece, 0x33330001u, s1);
 	fill_on(y, piece, 0x33330002u, s1);
 	fill_on(z, piece, 0x33330003u, s1);
@@ -145,9 +134,9 @@ moved_piece(CUstream s0, CUstream s1)
 	TH_OK(sop_stream_synchronize(s0));
 	TH_OK(sop_malloc_from_pool_async(&w, big, pool, s0));
 	/* Moved, not made whole: 104 MiB, as in test/pieces.c. */
-	TH_EQ(reserved_now(pool), 3 * piece + (big - piece));
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 3 * piece + (big - piece));
 	TH_OK(sop_stream_synchronize(s0));
-	TH_ASSERT(open_to_1(w, big));
+	TH_ASSERT(access_of_1(w, big, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
 	fill_on(w, big, 0x33330004u, s1);
 	TH_OK(sop_stream_synchronize(s1));
 	TH_ASSERT(holds(w, big, 0x33330004u, s0));
@@ -155,10 +144,7 @@ moved_piece(CUstream s0, CUstream s1)
 	TH_ASSERT(holds(z, piece, 0x33330003u, s1));
 	TH_CHECK(pool);
 	TH_OK(sop_pool_set_access(pool, &revoke, 1));
-	TH_OK(th.cuMemGetAccess(&f, &dev1, (CUdeviceptr)(uintptr_t)w));
-	TH_EQ(f, CU_MEM_ACCESS_FLAGS_PROT_NONE);
-	TH_OK(th.cuMemGetAccess(&f, &dev1, (CUdeviceptr)(uintptr_t)w + big - 1));
-	TH_EQ(f, CU_MEM_ACCESS_FLAGS_PROT_NONE);
+	TH_ASSERT(access_of_1(w, big, CU_MEM_ACCESS_FLAGS_PROT_NONE));
 	TH_ASSERT(holds(w, big, 0x33330004u, s0));
 	TH_OK(sop_free_async(w, s0));
 	TH_OK(sop_free_async(x, s0));
