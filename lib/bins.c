@@ -182,6 +182,15 @@ sop__bins_find_close(struct sop__bins *bins, size_t size, size_t limit)
 }
 
 bool
+sop__bins_list_empty(const struct sop__bins *bins, size_t size)
+{
+	unsigned fl, sl;
+
+	sop__bins_index(size, &fl, &sl);
+	return !bins->head[fl][sl];
+}
+
+bool
 sop__bins_hint_smaller(struct sop__bins *bins, size_t size, size_t have)
 {
 	uint64_t hint = atomic_load_explicit(&bins->fl_hint, memory_order_relaxed);

@@ -337,6 +337,25 @@ reclaim_begin(struct sop_pool *pool, struct sop__sstream *ss)
 	return false;
 }
 
+/* Whether b, freed by ss right after ss handed it out, stays apart from the cached block beside
+ * it: a loop that allocates and frees one size (a temporary) then takes it back whole, where
+ * joined it would be split off again at every allocation. A pool that had served random sizes
+ * up to 1 MiB held a few large merged blocks in the stream's cache, and each pair split one and
+ * joined the piece back: 1695 instructions a pair on the simulated driver (its own included)
+ * against 1157 on a fresh pool, and 4.7-5.0x the driver's pool on an H200; apart, 1282 and
+ * 6.5-6.9x (bench/results/2026-11-28-h200-temporary-apart-ab/). Only below SOP_POLL_MIN, only
+ * where no cached block of its list could serve that size again, only where no FREE neighbour
+ * is taken back, and only at the edge of the cached memory around it, never in a hole between
+ * two cached blocks, which it would keep cut in three. Its neighbour's next free joins it. */
+static inline bool
+keep_apart(struct sop__sstream *ss, const struct sop__block *b, struct sop__block *p,
+	   struct sop__block *n)
+{
+	return b == ss->handed && b->size < SOP_POLL_MIN &&
+	       !(mergeable(p, b->size, ss) && mergeable(n, b->size, ss)) &&
+	       sop__bins_list_empty(&ss->cache, b->size);
+}
+
 struct sop__block *
 sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop__block *b)
 {
@@ -349,6 +368,8 @@ sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 	 * holder makes a block cached on ss or changes b's next link, and a prev link that another
 	 * thread rewrites points at a block not cached on ss before and after. */
 	if (!reclaim && !mergeable(n, b->size, ss) && !mergeable(p, b->size, ss))
+		return b;
+	if (!reclaim && keep_apart(ss, b, p, n))
 		return b;
 	sop__segment_lock(seg);
 	for (;;) {

@@ -218,6 +218,8 @@ struct sop__block *sop__bins_find_close(struct sop__bins *bins, size_t size, siz
  * Counting only the lists that fit made random sizes up to 64 MiB a quarter faster on the H100,
  * but a replayed training step then reserved more than the driver's pool (design.md). */
 bool sop__bins_hint_smaller(struct sop__bins *bins, size_t size, size_t have);
+/* Whether the list a block of this size would go to holds no block. */
+bool sop__bins_list_empty(const struct sop__bins *bins, size_t size);
 /* The list a block of this size lives in (for checks). */
 void sop__bins_index(size_t size, unsigned *fl, unsigned *sl);
 
@@ -686,6 +688,7 @@ sop__block_hand_out(struct sop__sstream *ss, struct sop__block *b, size_t req, v
 {
 	sop__block_set_owner(b, NULL);
 	sop__used_add(ss, b, req);
+	ss->handed = b;
 	ss->active = true;
 	__atomic_store_n(&b->gen, 0, __ATOMIC_RELAXED); /* not exported yet (share.c) */
 	atomic_store_explicit(&b->tag, sop__tag(b->addr, SOP_BLOCK_ALLOC), memory_order_release);

@@ -580,6 +580,9 @@ struct sop__sstream {
 	uint64_t last_seq; /* the tag of the latest free into the cache */
 	uint64_t flushed;  /* frees up to here have left the cache (pool lock) */
 	bool active;       /* allocated or freed on since the last retirement pass */
+	/* The block handed out last (stream lock; compared, never followed: block.c's
+	 * sop__block_merge_own). */
+	const struct sop__block *handed;
 	/* Its request waits for growth with the pool lock dropped (grow.c): not retired
 	 * meanwhile, however empty and idle it looks. Pool lock. */
 	unsigned growing;

@@ -1,5 +1,6 @@
 /* placement.c - where a stream's own memory goes: frees merge with the stream's cached neighbours
  * of another size, equal-size neighbours stay apart so that a batch of one size is reused whole,
+ * so does a block freed right after it was handed out at the edge of the stream's cached memory,
  * and a stream splits its own memory only when the heap holds no tighter fit. The stream is kept
  * busy behind a gate for these, so that no free completes and every answer comes from these
  * rules alone. Last, segment affinity: which segment a second stream's memory comes from, before
@@ -78,6 +79,59 @@ equal_apart(CUstream s)
 	TH_ASSERT((char *)p < (char *)first[0] || (char *)p >= (char *)first[K - 1] + 64 * KiB);
 	TH_CHECK(pool);
 	TH_OK(sop_free_async(p, s));
+	TH_OK(sop_pool_destroy(pool));
+}
+
+/* The block a stream handed out last, freed at once, stays apart from the cached block it was
+ * split from, and the next request of its size takes it whole; a neighbour's free joins it
+ * again. In a hole between two cached blocks it joins them at once. */
+static void
+temporary_apart(CUstream s)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	struct sop__block *b;
+	void *big, *guard, *t, *u, *rest, *p, *a1, *b1, *c1;
+	int i;
+
+	TH_OK(sop_malloc_from_pool_async(&big, 8 * MiB, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&guard, 4 * KiB, pool, s));
+	TH_OK(sop_free_async(big, s)); /* cached on s, pending behind the gate */
+	TH_OK(sop_malloc_from_pool_async(&t, 4 * KiB, pool, s));
+	TH_ASSERT(t == big); /* split off the front of the cached block */
+	for (i = 0; i < 4; i++) {
+		TH_OK(sop_free_async(t, s));
+		b = sop__map_get(TH_POOL(pool), (CUdeviceptr)(uintptr_t)t);
+		TH_ASSERT(b && b->size == 4 * KiB && sop__block_state(b) == SOP_BLOCK_CACHED);
+		TH_CHECK(pool);
+		TH_OK(sop_malloc_from_pool_async(&u, 4 * KiB, pool, s));
+		TH_ASSERT(u == t);
+	}
+	TH_OK(sop_free_async(t, s));
+	/* The rest is whole beside it, and once freed joins it: the 8 MiB serve 8 MiB again. */
+	TH_OK(sop_malloc_from_pool_async(&rest, 8 * MiB - 4 * KiB, pool, s));
+	TH_ASSERT((char *)rest == (char *)t + 4 * KiB);
+	TH_OK(sop_free_async(rest, s));
+	b = sop__map_get(TH_POOL(pool), (CUdeviceptr)(uintptr_t)big);
+	TH_ASSERT(b && b->size == 8 * MiB);
+	TH_CHECK(pool);
+	TH_OK(sop_malloc_from_pool_async(&p, 8 * MiB, pool, s));
+	TH_ASSERT(p == big);
+	TH_OK(sop_free_async(p, s));
+
+	/* In a hole: a1 and c1 cached on both sides of b1, handed out last. */
+	TH_OK(sop_malloc_from_pool_async(&a1, 16 * KiB, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&b1, 4 * KiB, pool, s));
+	TH_OK(sop_malloc_from_pool_async(&c1, 32 * KiB, pool, s));
+	TH_OK(sop_free_async(b1, s));
+	TH_OK(sop_malloc_from_pool_async(&b1, 4 * KiB, pool, s));
+	TH_ASSERT((char *)b1 == (char *)a1 + 16 * KiB);
+	TH_OK(sop_free_async(a1, s));
+	TH_OK(sop_free_async(c1, s));
+	TH_OK(sop_free_async(b1, s));
+	b = sop__map_get(TH_POOL(pool), (CUdeviceptr)(uintptr_t)a1);
+	TH_ASSERT(b && b->size >= 52 * KiB);
+	TH_CHECK(pool);
+	TH_OK(sop_free_async(guard, s));
 	TH_OK(sop_pool_destroy(pool));
 }
 
@@ -710,6 +764,7 @@ main(void)
 	th_gate_block(&gate, s);
 	merge_different(s);
 	equal_apart(s);
+	temporary_apart(s);
 	heap_beats_own(s);
 	th_gate_open(&gate);
 	free_only_stream();
