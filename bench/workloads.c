@@ -503,6 +503,10 @@ struct crowd {
  * operation, the sampler reads it. */
 struct worker {
 	_Alignas(64) _Atomic uint64_t live; /* requested bytes live now */
+	/* For the rate with every thread running: the operations made so far, and where the
+	 * thread is (0 not in its box yet, 1 in it, 2 past it); on live's line. */
+	_Atomic long done;
+	_Atomic int phase;
 	struct crowd *cr;
 	pthread_t th;
 	uint64_t seed;
@@ -563,6 +567,7 @@ worker_replace(void *arg)
 		sleep_ns(w->delay_ns);
 	s = stream_new();
 	w->t0 = now_ns();
+	atomic_store_explicit(&w->phase, 1, memory_order_relaxed);
 	do {
 		for (i = 0; i < 16; i++) {
 			uint64_t x = rng_next(&rng);
@@ -582,11 +587,13 @@ worker_replace(void *arg)
 			bytes += size[k];
 			ops++;
 			live_note(w, bytes, (int64_t)size[k]);
+			atomic_store_explicit(&w->done, ops, memory_order_relaxed);
 			if (ops == w->max_ops)
 				break;
 		}
 		w->t1 = now_ns();
 	} while (w->t1 - w->t0 < cr->box_ns && ops != w->max_ops);
+	atomic_store_explicit(&w->phase, 2, memory_order_relaxed);
 	w->ops = ops;
 	w->short_fill = n < THREAD_LIVE;
 	/* The count follows each free, here as in the loop: left at its last value while the
@@ -684,15 +691,18 @@ worker_tasks(void *arg)
  * them. Thread i stops after max_ops[i] operations if max_ops is given, and ops[i] gets the
  * operations it made if ops is. Returns the span from the first thread's start to the last
  * one's end; *pairs gets the pairs made in it, *peak the most bytes seen live at once (if
- * more), *short_fill the threads whose box ended before their blocks were all live. */
+ * more), *short_fill the threads whose box ended before their blocks were all live. With
+ * worker_replace, *full gets the pairs per nanosecond while every thread was in its box: from
+ * the first sample that finds them all there to the last one before any has left it (0 if
+ * fewer than ten samples lie between). */
 static double
 crowd_run(struct crowd *cr, struct worker *w, int n, void *(*fn)(void *), uint64_t seed,
 	  double stagger_ns, const long *max_ops, long *ops_out, double *pairs, uint64_t *peak,
-	  long *short_fill)
+	  long *short_fill, double *full)
 {
-	double first = 0, last = 0;
-	long ops = 0;
-	int i;
+	double first = 0, last = 0, t_in = 0, t_out = 0;
+	long ops = 0, ops_in = 0, ops_out_all = 0;
+	int i, samples = -1;
 
 	atomic_store(&cr->running, n);
 	atomic_store(&cr->live_now, 0);
@@ -703,6 +713,8 @@ crowd_run(struct crowd *cr, struct worker *w, int n, void *(*fn)(void *), uint64
 	for (i = 0; i < n; i++) {
 		memset(&w[i], 0, sizeof w[i]);
 		atomic_init(&w[i].live, 0);
+		atomic_init(&w[i].done, 0);
+		atomic_init(&w[i].phase, 0);
 		w[i].cr = cr;
 		w[i].seed = seed + (uint64_t)i;
 		w[i].delay_ns = stagger_ns * i;
@@ -715,13 +727,32 @@ crowd_run(struct crowd *cr, struct worker *w, int n, void *(*fn)(void *), uint64
 	pthread_barrier_wait(&cr->bar);
 	while (atomic_load(&cr->running) > 0) {
 		uint64_t sum = 0;
+		long done = 0;
+		int in = 0, out = 0;
+		double t = now_ns();
 
-		for (i = 0; i < n; i++)
+		for (i = 0; i < n; i++) {
+			int ph = atomic_load_explicit(&w[i].phase, memory_order_relaxed);
+
 			sum += atomic_load_explicit(&w[i].live, memory_order_relaxed);
+			done += atomic_load_explicit(&w[i].done, memory_order_relaxed);
+			in += ph == 1;
+			out += ph == 2;
+		}
 		if (sum > *peak)
 			*peak = sum;
+		if (in == n && !out) {
+			if (samples < 0) {
+				t_in = t;
+				ops_in = done;
+			}
+			t_out = t;
+			ops_out_all = done;
+			samples++;
+		}
 		sleep_ns(SAMPLE_NS);
 	}
+	*full = samples >= 10 ? (double)(ops_out_all - ops_in) / 2 / (t_out - t_in) : 0;
 	for (i = 0; i < n; i++) {
 		pthread_join(w[i].th, NULL);
 		ops += w[i].ops;
@@ -750,14 +781,16 @@ struct work {
 };
 
 /* One run of variant v on a fresh pool of side sd: in its time box, or, with limit, the work
- * limit describes (its box then only a guard). *done gets the work made. Returns the span. */
+ * limit describes (its box then only a guard). *done gets the work made, *full the timed
+ * threads' pairs per nanosecond while all of them were in their boxes (crowd_run). Returns
+ * the span. */
 static double
 variant_run(enum variant v, struct side *sd, struct worker *w, int n_threads, double box_ns,
 	    size_t max_size, const struct work *limit, struct work *done, struct calls *c0,
-	    struct calls *c1, double *pairs, uint64_t *peak, long *short_fill)
+	    struct calls *c1, double *pairs, uint64_t *peak, long *short_fill, double *full)
 {
 	struct crowd cr;
-	double span;
+	double span, ignored;
 
 	memset(&cr, 0, sizeof cr);
 	cr.sd = sd;
@@ -773,12 +806,13 @@ variant_run(enum variant v, struct side *sd, struct worker *w, int n_threads, do
 	 * before the new ones come; its peak counts, its pairs do not. */
 	if (v == VAR_ARRIVING)
 		crowd_run(&cr, w, n_threads, worker_replace, 0xa1100000u, 0,
-			  limit ? limit->ops[0] : NULL, done->ops[0], pairs, peak, short_fill);
+			  limit ? limit->ops[0] : NULL, done->ops[0], pairs, peak, short_fill,
+			  &ignored);
 	calls_read(c0);
 	span = crowd_run(&cr, w, n_threads, v == VAR_TASKS ? worker_tasks : worker_replace,
 			 v == VAR_COLD ? 0xc01d0000u : 0xa1200000u,
 			 v == VAR_ARRIVING ? box_ns / 32 : 0, limit ? limit->ops[1] : NULL,
-			 done->ops[1], pairs, peak, short_fill);
+			 done->ops[1], pairs, peak, short_fill, full);
 	calls_read(c1);
 	done->tasks = atomic_load(&cr.next_task);
 	if (limit && done->tasks > limit->tasks)
@@ -800,7 +834,7 @@ variant_case(enum variant v, int n_threads, double box_ns, size_t max_size)
 	struct worker *w = aligned_alloc(_Alignof(struct worker), bytes);
 	struct work *drv_work = calloc(1, sizeof *drv_work), *scratch = calloc(1, sizeof *scratch);
 	long short_fill[N_SIDES] = {0};
-	struct metric *agg, *mem, *same;
+	struct metric *agg, *all = NULL, *mem, *same;
 	char cas[32];
 	int r, k;
 
@@ -811,6 +845,9 @@ variant_case(enum variant v, int n_threads, double box_ns, size_t max_size)
 	snprintf(cas, sizeof cas, "%d thread%s", n_threads, n_threads > 1 ? "s" : "");
 	agg = metric_new("threads", variant_names[v], cas, "aggregate", "M pairs/s", n_threads,
 			 true);
+	if (v != VAR_TASKS)
+		all = metric_new("threads", variant_names[v], cas, "aggregate, all threads in their box",
+				 "M pairs/s", n_threads, true);
 	mem = metric_new("threads", variant_names[v], cas, "reserved-high / live peak", "x",
 			 n_threads, false);
 	same = metric_new("threads", variant_names[v], cas,
@@ -822,15 +859,17 @@ variant_case(enum variant v, int n_threads, double box_ns, size_t max_size)
 			struct side sd;
 			struct calls c0, c1;
 			uint64_t peak = 0, used;
-			double pairs, span, ratio;
+			double pairs, span, ratio, full = 0;
 
 			if ((kinds[k] == SIDE_IDEAL && v != VAR_TASKS) || !side_allowed(kinds[k]) ||
 			    !side_open(&sd, kinds[k], UINT64_MAX, 0))
 				continue;
 			span = variant_run(v, &sd, w, n_threads, box_ns, max_size, NULL,
 					   sd.kind == SIDE_POOL ? drv_work : scratch, &c0, &c1, &pairs,
-					   &peak, &short_fill[sd.kind]);
+					   &peak, &short_fill[sd.kind], &full);
 			metric_add(agg, sd.kind, pairs / span * 1e3);
+			if (all && full > 0)
+				metric_add(all, sd.kind, full * 1e3);
 			if (sd.kind == SIDE_IDEAL) {
 				sides_close(&sd, 1);
 				continue;
@@ -856,12 +895,12 @@ variant_case(enum variant v, int n_threads, double box_ns, size_t max_size)
 			struct side sd;
 			struct calls c0, c1;
 			uint64_t peak = 0;
-			double pairs;
+			double pairs, full;
 			long ignored = 0;
 
 			if (side_open(&sd, SIDE_SOP, UINT64_MAX, 0)) {
 				variant_run(v, &sd, w, n_threads, box_ns, max_size, drv_work,
-					    scratch, &c0, &c1, &pairs, &peak, &ignored);
+					    scratch, &c0, &c1, &pairs, &peak, &ignored, &full);
 				metric_add(same, SIDE_SOP,
 					   (double)side_attr(&sd, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) /
 						   (double)(peak ? peak : 1));
@@ -870,6 +909,8 @@ variant_case(enum variant v, int n_threads, double box_ns, size_t max_size)
 		}
 	}
 	metric_done(agg);
+	if (all)
+		metric_done(all);
 	metric_done(mem);
 	metric_done(same);
 	for (k = 0; k < N_OF(kinds); k++)
@@ -943,7 +984,9 @@ wl_threads(void)
 	    "creation, synchronization and destruction alone), counted as the same pairs: the "
 	    "ceiling any allocator has there. Aggregate = the pairs (allocations and frees in the box / 2) "
 	    "of the timed threads (arriving: the new ones) / the time from the first one's start "
-	    "to the last one's end (tasks: stream creation and destruction included). Live peak "
+	    "to the last one's end (tasks: stream creation and destruction included); all threads "
+	    "in their box: their pairs from the first sample (every %.0f us) that finds every timed "
+	    "thread in its box to the last one before any has left it, over that time. Live peak "
 	    "= the most requested bytes live at once across threads, sampled every %.0f us "
 	    "(arriving: over both sets); reserved-high is the pool's "
 	    "CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH at the end. In its box the driver's pool makes a "
@@ -955,7 +998,7 @@ wl_threads(void)
 	    "sop calls/op: sop's driver calls from "
 	    "the timed threads' start to their end, teardown included, over the pairs counted.",
 	    max_size / KiB, box_ns / 1e6, var_size / KiB, box_ns / 1e6, box_ns / 32 / 1e6,
-	    TASK_LIVE, TASK_STEPS, SAMPLE_NS / 1e3);
+	    TASK_LIVE, TASK_STEPS, SAMPLE_NS / 1e3, SAMPLE_NS / 1e3);
 	/* Random sizes first (the issue's case), then one fixed size: the latter keeps every
 	 * thread on its stream's hot path and shows how that path alone scales. */
 	for (int fixed_case = 0; fixed_case < 2; fixed_case++) {
