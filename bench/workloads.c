@@ -700,8 +700,8 @@ crowd_run(struct crowd *cr, struct worker *w, int n, void *(*fn)(void *), uint64
 	  double stagger_ns, const long *max_ops, long *ops_out, double *pairs, uint64_t *peak,
 	  long *short_fill, double *full)
 {
-	double first = 0, last = 0, t_in = 0, t_out = 0;
-	long ops = 0, ops_in = 0, ops_out_all = 0;
+	double first = 0, last = 0, t_in = 0, t_last = 0;
+	long ops = 0, done_in = 0, done_last = 0;
 	int i, samples = -1;
 
 	atomic_store(&cr->running, n);
@@ -728,31 +728,28 @@ crowd_run(struct crowd *cr, struct worker *w, int n, void *(*fn)(void *), uint64
 	while (atomic_load(&cr->running) > 0) {
 		uint64_t sum = 0;
 		long done = 0;
-		int in = 0, out = 0;
+		int in = 0;
 		double t = now_ns();
 
 		for (i = 0; i < n; i++) {
-			int ph = atomic_load_explicit(&w[i].phase, memory_order_relaxed);
-
 			sum += atomic_load_explicit(&w[i].live, memory_order_relaxed);
 			done += atomic_load_explicit(&w[i].done, memory_order_relaxed);
-			in += ph == 1;
-			out += ph == 2;
+			in += atomic_load_explicit(&w[i].phase, memory_order_relaxed) == 1;
 		}
 		if (sum > *peak)
 			*peak = sum;
-		if (in == n && !out) {
+		if (in == n) {
 			if (samples < 0) {
 				t_in = t;
-				ops_in = done;
+				done_in = done;
 			}
-			t_out = t;
-			ops_out_all = done;
+			t_last = t;
+			done_last = done;
 			samples++;
 		}
 		sleep_ns(SAMPLE_NS);
 	}
-	*full = samples >= 10 ? (double)(ops_out_all - ops_in) / 2 / (t_out - t_in) : 0;
+	*full = samples >= 10 ? (double)(done_last - done_in) / 2 / (t_last - t_in) : 0;
 	for (i = 0; i < n; i++) {
 		pthread_join(w[i].th, NULL);
 		ops += w[i].ops;
