@@ -21,7 +21,8 @@
  *   blockmap.c  the block map: which block starts at an address, lock-free to read
  *   block.c     descriptors, carve and split, merge, the pool heap of FREE blocks, spares
  *   segment.c   the pool's address space: free extents of the reservation, segments, holes,
- *               piece arrays; free extents and peer access over every piece
+ *               piece arrays, a segment cut for a stream to adopt a part; free extents and peer
+ *               access over every piece
  *   release.c   idle pieces back to the driver, or out of the pool for growth to move; the
  *               host side of a pool at teardown
  *   grow.c      growth: where physical memory is mapped for a request
@@ -436,6 +437,14 @@ bool sop__pieces_reserve(struct sop__segment *seg);
 size_t sop__piece_search(const struct sop__segment *seg, CUdeviceptr addr);
 void sop__piece_link(struct sop__segment *seg, struct sop__piece *pc);
 void sop__piece_unlink(struct sop__segment *seg, struct sop__piece *pc);
+/* Make h's segment, nobody's, ss's: all of it, or, if it maps more than twice part bytes, the
+ * part from the first piece boundary in h to the first one part bytes (or the request's size)
+ * past it, cut off as a segment of its own where the rest on either side can be (every block
+ * from the cut to the segment's end FREE or HOLE; pieces on both sides), the rest left nobody's.
+ * Returns the FREE block in the part that serves the request of size bytes h served: h, or the
+ * part's first. Pool lock held, and ss's. */
+struct sop__block *sop__segment_adopt(struct sop_pool *pool, struct sop__block *h, size_t size,
+				      size_t part, const struct sop__sstream *ss);
 /* Set the access of every piece to want[0..n); on a failure, set those done back to
  * was[0..n) and return the error. Pool lock held, context current. */
 CUresult sop__heap_set_access(struct sop_pool *pool, const CUmemAccessDesc *want,

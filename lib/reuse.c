@@ -331,6 +331,14 @@ may_home(struct sop__sstream *ss)
 #define HOME_MAX ((size_t)8 << 20)
 /* How many heap blocks the search for the stream's own looks at. */
 #define HOME_PROBES 64
+/* What a stream adopts of a larger segment of nobody's: what one growth of a segment of its own
+ * would map once threads have met (growth_step, grow.c), cut off where the rest can stay
+ * nobody's (sop__segment_adopt). Adopted whole, a segment that threads gone before had left
+ * was the first new stream's, however little of it that one used, and the streams after it
+ * grew their own beside its free memory: sixteen threads arriving one by one reserved 1.218-
+ * 1.237 times their live peak on the driver's operations on an H200, 1.169-1.176 in parts (the
+ * driver's pool 1.081-1.110), at the same rate (bench/results/2026-11-28-h200-adopt-part-ab/). */
+#define ADOPT_PART SOP_OWN_STEP
 
 static bool
 pick_own(const struct sop__block *b, const void *ss)
@@ -347,8 +355,9 @@ pick_nobodys(const struct sop__block *b, const void *ss)
 
 /* The heap's block for a request of ss, left in the heap: the best fit, or, for a small request
  * once threads have met in the pool, a block in a segment of ss's own, or of nobody's (which
- * becomes ss's). *crowded: the block returned is in another stream's segment, which the
- * caller should grow a segment of its own rather than take. Pool lock held. */
+ * becomes ss's, or the part of it around the block does: sop__segment_adopt). *crowded: the
+ * block returned is in another stream's segment, which the caller should grow a segment of its
+ * own rather than take. Pool lock held. */
 static struct sop__block *
 heap_pick(struct sop_pool *pool, struct sop__sstream *ss, size_t size, bool *crowded)
 {
@@ -361,7 +370,7 @@ heap_pick(struct sop_pool *pool, struct sop__sstream *ss, size_t size, bool *cro
 		return b;
 	h = sop__bins_scan(&pool->heap, size, &own, pick_own, ss);
 	if (!h && (h = sop__bins_scan(&pool->heap, size, &nobodys, pick_nobodys, ss))) {
-		h->seg->home = ss;
+		h = sop__segment_adopt(pool, h, size, ADOPT_PART, ss);
 		may_home(ss);
 	}
 	if (h)

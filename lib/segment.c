@@ -1,5 +1,6 @@
 /* segment.c - the pool's address space: free extents of its reservation, segments, holes and
- * each segment's array of pieces, and what reads every segment (free extents, peer access).
+ * each segment's array of pieces, the part of a segment that a stream adopts, and what reads
+ * every segment (free extents, peer access).
  *
  * A pool reserves one large range of virtual addresses. Segments are runs of it that blocks
  * tile, never crossing a segment's ends; physical memory is mapped into them in pieces (one
@@ -195,6 +196,140 @@ sop__segment_new(struct sop_pool *pool, size_t size, size_t min, const struct so
 	sop__hole_link(pool, h);
 	segment_link(pool, seg);
 	return seg;
+}
+
+/* ---- A part of a segment ------------------------------------------------------------------ */
+
+/* Whether seg may be cut at at: on a boundary of its pieces and of the block map's spans (each
+ * span's entry and leaf stay under one segment's lock), with pieces on both sides. */
+static bool
+cut_fits(const struct sop_pool *pool, const struct sop__segment *seg, CUdeviceptr at)
+{
+	size_t unit = pool->granularity > SOP_MAP_SPAN ? pool->granularity : SOP_MAP_SPAN;
+	size_t i;
+
+	if (at <= seg->va || at >= seg->va + seg->size || (at - pool->va_base) % unit)
+		return false;
+	i = sop__piece_search(seg, at);
+	return i > 0 && i < seg->n_pieces &&
+	       seg->pieces[i - 1]->va + seg->pieces[i - 1]->size <= at;
+}
+
+/* Make the part of seg from at on a segment of its own, n (zeroed, nobody's), its pieces moved
+ * to v (room for all of them). Every block there is FREE or HOLE: in the heap or on the holes
+ * list, which only the pool lock's holder reads, so that their segment changes with no other
+ * thread looking; the block before at, which a stream may hold, loses its link to them under
+ * seg's lock. b is the block across at or starting there; split with *d (then NULL) and a leaf
+ * of seg's spares if at is inside it. Pool lock and seg's lock held. */
+static void
+segment_cut(struct sop_pool *pool, struct sop__segment *seg, struct sop__block *b, CUdeviceptr at,
+	    struct sop__segment *n, struct sop__piece **v, struct sop__block **d)
+{
+	size_t i = sop__piece_search(seg, at), k;
+	struct sop__block *x;
+
+	if (b->addr < at) {
+		enum sop__state st = sop__block_state(b);
+
+		if (st == SOP_BLOCK_FREE)
+			sop__bins_remove(&pool->heap, b);
+		sop__block_split(pool, b, *d, at - b->addr, st, &seg->leaves);
+		if (st == SOP_BLOCK_FREE) {
+			sop__block_set_owner(*d, sop__block_owner(b));
+			sop__bins_insert(&pool->heap, b);
+			sop__bins_insert(&pool->heap, *d);
+		} else {
+			sop__hole_link(pool, *d);
+		}
+		b = *d;
+		*d = NULL;
+	}
+	sop__link_set(&b->phys_prev->phys_next, NULL);
+	sop__link_set(&b->phys_prev, NULL);
+	for (x = b; x; x = x->phys_next)
+		x->seg = n;
+	n->first = b;
+	n->pieces = v;
+	n->cap_pieces = seg->n_pieces - i;
+	for (k = i; k < seg->n_pieces; k++) {
+		n->pieces[n->n_pieces++] = seg->pieces[k];
+		n->mapped += seg->pieces[k]->size;
+		seg->mapped -= seg->pieces[k]->size;
+	}
+	seg->n_pieces = i;
+	n->va = at;
+	n->size = seg->va + seg->size - at;
+	seg->size = at - seg->va;
+	n->met = &pool->threads_met;
+	segment_link(pool, n);
+}
+
+struct sop__block *
+sop__segment_adopt(struct sop_pool *pool, struct sop__block *h, size_t size, size_t part,
+		   const struct sop__sstream *ss)
+{
+	struct sop__segment *seg = h->seg, *n[2] = {NULL, NULL}, *mine = seg;
+	struct sop__piece **v[2] = {NULL, NULL};
+	struct sop__block *d[2] = {NULL, NULL}, *x, *at_lo = h, *at_hi = NULL;
+	CUdeviceptr lo, hi, tail = h->addr, end = seg->va + seg->size;
+	bool cut_lo, cut_hi;
+	size_t i, k;
+
+	if (seg->mapped <= 2 * part || seg->claims ||
+	    (i = sop__piece_search(seg, h->addr)) == seg->n_pieces)
+		goto whole;
+	/* From the first piece boundary in h, if the request fits there, to the first one past
+	 * part bytes (or the request) beyond it. */
+	lo = seg->pieces[i]->va;
+	if (lo + size > h->addr + h->size)
+		goto whole;
+	i = sop__piece_search(seg, lo + (size > part ? size : part));
+	hi = i < seg->n_pieces ? seg->pieces[i]->va : end;
+	cut_lo = cut_fits(pool, seg, lo);
+	cut_hi = cut_fits(pool, seg, hi);
+	if (!cut_lo && !cut_hi)
+		goto whole;
+	for (k = 0; k < 2; k++) {
+		n[k] = calloc(1, sizeof *n[k]);
+		v[k] = malloc(seg->n_pieces * sizeof *v[k]);
+		d[k] = sop__block_new(pool);
+		if (!n[k] || !v[k] || !d[k])
+			goto out;
+	}
+	if (!sop__segment_lock_leaves(pool, seg, 2))
+		goto out;
+	/* Only where everything from the cut to the segment's end is FREE or HOLE (see
+	 * segment_cut): tail is where that run begins. */
+	for (x = h; x; x = x->phys_next) {
+		enum sop__state st = sop__block_state(x);
+
+		if (st != SOP_BLOCK_FREE && st != SOP_BLOCK_HOLE)
+			tail = x->addr + x->size;
+		if (!at_hi && x->addr + x->size > hi)
+			at_hi = x;
+	}
+	cut_lo = cut_lo && lo >= tail;
+	cut_hi = cut_hi && hi >= tail && at_hi;
+	if (cut_hi)
+		segment_cut(pool, seg, at_hi, hi, n[1], v[1], &d[1]);
+	if (cut_lo) {
+		segment_cut(pool, seg, at_lo, lo, n[0], v[0], &d[0]);
+		mine = n[0];
+		h = mine->first;
+	}
+	sop__lock_drop(&seg->lock);
+out:
+	for (k = 0; k < 2; k++) {
+		if (d[k])
+			sop__block_delete(pool, d[k]);
+		if (!n[k] || !n[k]->pieces) {
+			free(v[k]);
+			free(n[k]);
+		}
+	}
+whole:
+	mine->home = ss;
+	return h;
 }
 
 /* Give back a segment that is one HOLE block again. */

@@ -5,8 +5,8 @@
  * busy behind a gate for these, so that no free completes and every answer comes from these
  * rules alone. Last, segment affinity: which segment a second stream's memory comes from, before
  * and after threads have met in the pool, and that a stream's own memory comes before growth,
- * that its small requests stay off the pool lock, and that a stream done with the pool leaves
- * its segments to the others. */
+ * that its small requests stay off the pool lock, that a stream done with the pool leaves its
+ * segments to the others, and that a stream adopts only a part of a large one. */
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -301,6 +301,77 @@ own_steps(CUstream s1, CUstream s2)
 	TH_OK(sop_stream_synchronize(s2));
 	TH_CHECK(pool);
 	TH_OK(sop_pool_destroy(pool));
+}
+
+/* Once threads have met, a stream that takes memory from a larger segment of nobody's adopts a
+ * part of it, what one growth of its own would map (SOP_OWN_STEP), and the rest stays nobody's,
+ * for the next stream to adopt a part of in turn rather than grow beside it. A part is cut off
+ * only where everything from the cut to the segment's end is free: else the stream adopts the
+ * segment whole. s1 grows a segment of 64 MiB in quarter steps, then frees what pass says: all
+ * of it; all but its first block; all but its last. */
+static void
+adopt_part(CUstream s1, CUstream s2)
+{
+	enum { N = 64 };
+	cuuint64_t keep = UINT64_MAX;
+	static void *p[N];
+	void *b, *c;
+	int pass, i;
+
+	for (pass = 0; pass < 3; pass++) {
+		sop_pool_t pool = th_pool(0, 0);
+		struct sop__segment *seg;
+		int kept = pass == 1 ? 0 : pass == 2 ? N - 1 : -1;
+
+		TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+		atomic_store(&TH_POOL(pool)->threads_met, true);
+		for (i = 0; i < N; i++)
+			TH_OK(sop_malloc_from_pool_async(&p[i], MiB, pool, s1));
+		TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), N * MiB);
+		TH_ASSERT(segment_of(pool, p[0]) == segment_of(pool, p[N - 1]));
+		for (i = 0; i < N; i++)
+			if (i != kept)
+				TH_OK(sop_free_async(p[i], s1));
+		TH_OK(sop_stream_synchronize(s1));
+		TH_ASSERT(segment_of(pool, p[0])->home == NULL);
+		TH_OK(sop_malloc_from_pool_async(&b, MiB, pool, s2));
+		seg = segment_of(pool, b);
+		TH_ASSERT(seg->home != NULL);
+		TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), N * MiB);
+		TH_CHECK(pool);
+		if (pass == 2) {
+			/* A block live at the segment's end: adopted whole. */
+			TH_ASSERT(seg == segment_of(pool, p[N - 1]));
+			TH_EQ(seg->mapped, N * MiB);
+		} else {
+			TH_EQ(seg->mapped, SOP_OWN_STEP);
+			TH_EQ(seg->size, SOP_OWN_STEP);
+			/* The part begins at the first piece boundary in the fit: past the block
+			 * kept at the segment's start, whose piece stays nobody's. */
+			TH_EQ((char *)b - (char *)p[0], pass == 1 ? (long)SOP_OWN_STEP : 0L);
+			TH_ASSERT(seg->next && seg->next->home == NULL &&
+				  seg->next->mapped == N * MiB - SOP_OWN_STEP * (pass == 1 ? 2 : 1));
+			if (pass == 1)
+				TH_ASSERT(seg->prev && seg->prev->home == NULL &&
+					  seg->prev->mapped == SOP_OWN_STEP &&
+					  segment_of(pool, p[0]) == seg->prev);
+			/* s1 is back: a part of what is still nobody's, not growth. */
+			TH_OK(sop_malloc_from_pool_async(&c, MiB, pool, s1));
+			TH_ASSERT(segment_of(pool, c) != seg && segment_of(pool, c)->home != NULL &&
+				  segment_of(pool, c)->home != seg->home);
+			TH_EQ(segment_of(pool, c)->mapped, SOP_OWN_STEP);
+			TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), N * MiB);
+			TH_CHECK(pool);
+			TH_OK(sop_free_async(c, s1));
+		}
+		if (kept >= 0)
+			TH_OK(sop_free_async(p[kept], s1));
+		TH_OK(sop_free_async(b, s2));
+		TH_OK(sop_stream_synchronize(s1));
+		TH_OK(sop_stream_synchronize(s2));
+		TH_CHECK(pool);
+		TH_OK(sop_pool_destroy(pool));
+	}
 }
 
 /* Threads have met in the pool. s2's segment is one 64 MiB block, which s2 has freed and which
@@ -777,6 +848,7 @@ main(void)
 		hot_stays_off_pool_lock(s);
 		pool_wait_meets(s);
 		idle_disowns(s, s2);
+		adopt_part(s, s2);
 		others_kept(s, s2);
 		others_asked_at_cap(s, s2);
 		reclaim(s, s2);
