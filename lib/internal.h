@@ -16,7 +16,8 @@
  * Physical memory
  *   vmm.c       physical pieces through the driver's virtual memory calls: create, map and
  *               open one (device or pinned host memory); whether the driver makes host memory;
- *               releases retried; the anchor that keeps an empty pool's page tables
+ *               releases retried; the anchor that keeps an empty pool's page tables;
+ *               reservations, with their anchors, kept for the next pool
  * Blocks and the pool heap
  *   blockmap.c  the block map: which block starts at an address, lock-free to read
  *   block.c     descriptors, carve and split, merge, the pool heap of FREE blocks, spares
@@ -342,10 +343,29 @@ CUresult sop__piece_probe(struct sop_pool *pool, const CUmemAllocationProp *prop
 void sop__orphan_keep(struct sop_pool *pool, CUmemGenericAllocationHandle h);
 CUresult sop__orphans_release(struct sop_pool *pool);
 /* Map a granule of host memory at the start of the reservation before a release leaves the
- * pool empty, so that the driver keeps its page tables there. Context current, pool lock held. */
+ * pool empty, or as a reservation taken again is kept for the next pool (sop__pool_reap), so
+ * that the driver keeps its page tables there. Context current, pool lock held. */
 void sop__anchor_make(struct sop_pool *pool);
 /* Unmap and release the anchor, if any. Context current, pool lock held. */
 CUresult sop__heap_anchor_drop(struct sop_pool *pool);
+/* The pool's reservation (pool->va_size bytes at pool->va_base): one a pool of the same
+ * location, size and granularity left at its teardown, with that pool's anchor if it had one,
+ * else a new one from the driver. Context current. */
+CUresult sop__va_reserve(struct sop_pool *pool);
+/* Promise a torn-down pool's reservation a place among those kept (false: no room, the caller
+ * gives it back); sop__va_keep then keeps it, with its anchor, once no table names the pool. */
+bool sop__va_claim(void);
+void sop__va_keep(struct sop_pool *pool);
+/* Unmap and release the anchor, then free the reservation; the driver's code. Context
+ * current, pool lock held. */
+CUresult sop__va_give_back(struct sop_pool *pool);
+/* What the kept reservations hold, for tests that count the driver's objects; and give them
+ * all back to the driver (tests), the driver's first refusal if any. */
+void sop__va_kept(long *reservations, long *anchors, size_t *anchor_bytes);
+CUresult sop__va_kept_free(void);
+/* Keep at most n from now on (tests: 0 for pools that always reserve and free their own);
+ * returns the bound before. */
+int sop__va_kept_max(int n);
 
 /* ---- blockmap.c -------------------------------------------------------------------------- */
 

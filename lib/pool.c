@@ -77,6 +77,7 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, size_t va_size,
 	struct sop_pool *pool;
 	size_t total = 0;
 	CUresult r;
+	bool keep;
 
 	pool = calloc(1, sizeof *pool);
 	if (!pool)
@@ -140,8 +141,7 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, size_t va_size,
 		if (props->maxSize)
 			pool->max_size = sop__round_up(props->maxSize, pool->granularity);
 		pool->va_size = va_size ? va_size : pool_va_size(total, pool->max_size);
-		r = SOP_DRV(cuMemAddressReserve)(&pool->va_base, pool->va_size,
-						 (size_t)1 << SOP_VA_GRANULE_LOG2, 0, 0);
+		r = sop__va_reserve(pool);
 	}
 	if (r != CUDA_SUCCESS)
 		sop__orphans_release(pool);
@@ -173,8 +173,12 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, size_t va_size,
 	return CUDA_SUCCESS;
 
 fail_va:
+	keep = sop__va_claim();
+	if (keep)
+		sop__va_keep(pool);
 	if (sop__pool_ctx_push(pool) == CUDA_SUCCESS) {
-		SOP_DRV(cuMemAddressFree)(pool->va_base, pool->va_size);
+		if (!keep)
+			sop__va_give_back(pool);
 		sop__orphans_release(pool);
 		sop__pool_ctx_pop(pool);
 	}
@@ -235,6 +239,7 @@ bool
 sop__pool_reap(struct sop_pool *pool)
 {
 	CUresult r;
+	bool keep;
 
 	if (!atomic_load(&pool->destroyed) || atomic_load(&pool->dead) || !pool_empty(pool))
 		return false;
@@ -242,13 +247,20 @@ sop__pool_reap(struct sop_pool *pool)
 	 * destroyed but whole, and the next synchronization point tries again. */
 	if (sop__heap_release(pool, 0, 0) != CUDA_SUCCESS || pool->segments || pool->n_orphans)
 		return false;
+	/* The reservation goes to the next pool (vmm.c, sop__va_reserve) where there is room,
+	 * with an anchor made now if it had been a pool's before and has none (pools come and go
+	 * here: the next one's first piece finds the page tables made), else back to the
+	 * driver. */
+	keep = false;
 	if (pool->va_size) {
 		r = sop__pool_ctx_push(pool);
 		if (r != CUDA_SUCCESS)
 			return false;
-		r = sop__heap_anchor_drop(pool);
-		if (r == CUDA_SUCCESS)
-			r = SOP_DRV(cuMemAddressFree)(pool->va_base, pool->va_size);
+		keep = sop__va_claim();
+		if (keep && pool->va_reused && !pool->anchor_tried)
+			sop__anchor_make(pool);
+		else if (!keep)
+			r = sop__va_give_back(pool);
 		sop__pool_ctx_pop(pool);
 		if (r != CUDA_SUCCESS)
 			return false;
@@ -257,8 +269,11 @@ sop__pool_reap(struct sop_pool *pool)
 	 * when it was destroyed); then retired. Threads that found it a moment ago may still be
 	 * reading it, its stream states, descriptors and block map, which the dead flag, checked
 	 * under this lock, keeps them from changing: the host memory is freed once they are done
-	 * (pool_free, from epoch.c). */
+	 * (pool_free, from epoch.c). Its reservation is kept only once no table names the pool,
+	 * so that the next pool's range is never named by two. */
 	sop__registry_remove(pool);
+	if (keep)
+		sop__va_keep(pool);
 	sop__handle_drop(pool);
 	SOP_DRV(cuDevicePrimaryCtxRelease)(pool->device);
 	atomic_store(&pool->dead, true);

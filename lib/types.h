@@ -766,6 +766,8 @@ struct sop_pool {
 	 * the driver keeps the page tables there (vmm.c, sop__anchor_make). */
 	CUmemGenericAllocationHandle anchor;
 	bool anchored, anchor_tried;
+	/* The reservation was a pool's before (vmm.c, sop__va_reserve). */
+	bool va_reused;
 	struct sop__bins heap;
 
 	struct sop__block *spare; /* descriptors not in use, in chains (block.c) */

@@ -432,13 +432,30 @@ th_verify(void *p, size_t bytes, uint32_t v, CUstream s)
 }
 
 struct sim_live
-th_live(void)
+th_live_all(void)
 {
 	struct sim_live l;
 
 	memset(&l, 0, sizeof l);
 	if (th.sim_live_get)
 		th.sim_live_get(&l);
+	return l;
+}
+
+struct sim_live
+th_live(void)
+{
+	struct sim_live l = th_live_all();
+	long reservations, anchors;
+	size_t bytes;
+
+	if (!th.sim_live_get)
+		return l;
+	sop__va_kept(&reservations, &anchors, &bytes);
+	l.reservations -= reservations;
+	l.handles -= anchors;
+	l.mappings -= anchors;
+	l.phys_bytes -= bytes;
 	return l;
 }
 

@@ -175,6 +175,8 @@ anchor(CUstream s)
 	can = sop__drv.cuMemGetAllocationGranularity(&gran, &host,
 						     CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
 	      CUDA_SUCCESS;
+	/* Fresh reservations, with no anchor from a pool before (kept_reservation). */
+	TH_OK(sop__va_kept_free());
 	pool = th_pool(0, 0);
 	kept = th_pool(0, 0);
 
@@ -226,6 +228,116 @@ anchor(CUstream s)
 	TH_EQ(now.handles, before.handles);
 	TH_EQ(now.mappings, before.mappings);
 	TH_EQ(now.phys_bytes, before.phys_bytes);
+}
+
+/* A pool torn down leaves its reservation, and its anchor, to the next pool of the same
+ * location and size: that pool asks the driver for no range, starts anchored, and serves
+ * memory that works; pools of another size reserve their own; at most a few are kept, the rest
+ * go back to the driver; and sop__va_kept_free gives them all back. */
+static void
+kept_reservation(CUstream s)
+{
+	struct sim_live base, all;
+	unsigned long reserves = 0;
+	cuuint64_t max = UINT64_MAX;
+	sop_pool_t a, b, c, many[6];
+	CUdeviceptr va;
+	long n_kept, anchors;
+	size_t bytes;
+	bool anchored;
+	void *p;
+	int i;
+
+	TH_OK(sop__va_kept_free());
+	base = th_live_all();
+	/* Threshold 0: a's synchronization empties it and makes its anchor. */
+	a = th_pool(0, 0);
+	TH_OK(sop_malloc_from_pool_async(&p, 32 * MiB, a, s));
+	TH_OK(sop_free_async(p, s));
+	TH_OK(sop_stream_synchronize(s));
+	va = TH_POOL(a)->va_base;
+	anchored = TH_POOL(a)->anchored;
+	TH_OK(sop_pool_destroy(a));
+	sop__va_kept(&n_kept, &anchors, &bytes);
+	TH_EQ(n_kept, 1);
+	TH_EQ(anchors, anchored);
+	if (th.sim_live_get) {
+		all = th_live_all();
+		TH_EQ(all.reservations, base.reservations + 1);
+		TH_EQ(all.mappings, base.mappings + anchored);
+		TH_EQ(th_live().reservations, base.reservations);
+		reserves = th.sim_calls("cuMemAddressReserve");
+	}
+
+	/* The next pool of the same shape takes it, anchor and all, and its memory works. */
+	b = th_pool(0, 0);
+	TH_EQ(TH_POOL(b)->va_base, va);
+	TH_EQ(TH_POOL(b)->anchored, anchored);
+	sop__va_kept(&n_kept, &anchors, &bytes);
+	TH_EQ(n_kept, 0);
+	TH_OK(sop_pool_set_attr(b, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &max));
+	TH_OK(sop_malloc_from_pool_async(&p, 32 * MiB, b, s));
+	TH_ASSERT((CUdeviceptr)(uintptr_t)p >= va + TH_POOL(b)->granularity);
+	th_fill(p, 32 * MiB, 0x6b6b6b6b, s);
+	TH_ASSERT(th_verify(p, 32 * MiB, 0x6b6b6b6b, s));
+	TH_CHECK(b);
+	/* A pool capped above four times the device's memory needs a larger range: its own. */
+	{
+		size_t total = 0;
+
+		TH_OK(sop__drv.cuDeviceTotalMem(&total, 0));
+		c = th_pool(0, total * 2);
+		TH_ASSERT(TH_POOL(c)->va_size != TH_POOL(b)->va_size);
+	}
+	if (th.sim_live_get)
+		TH_EQ(th.sim_calls("cuMemAddressReserve"), reserves + 1);
+	TH_OK(sop_free_async(p, s));
+	TH_OK(sop_pool_destroy(b));
+	TH_OK(sop_pool_destroy(c));
+	TH_OK(sop_ctx_synchronize());
+	sop__va_kept(&n_kept, &anchors, &bytes);
+	TH_EQ(n_kept, 2);
+	TH_EQ(anchors, anchored);
+
+	/* A pool that never empties makes no anchor, and leaves its range bare; the pool that
+	 * takes it again anchors it at its teardown, for the pools after it. */
+	TH_OK(sop__va_kept_free());
+	for (i = 0; i < 3; i++) {
+		a = th_pool(0, 0);
+		TH_EQ(TH_POOL(a)->va_reused, i > 0);
+		TH_EQ(TH_POOL(a)->anchored, i > 1 && anchored);
+		TH_OK(sop_pool_set_attr(a, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &max));
+		TH_OK(sop_malloc_from_pool_async(&p, MiB, a, s));
+		TH_OK(sop_free_async(p, s));
+		TH_OK(sop_stream_synchronize(s));
+		TH_OK(sop_pool_destroy(a));
+		sop__va_kept(&n_kept, &anchors, &bytes);
+		TH_EQ(n_kept, 1);
+		TH_EQ(anchors, i > 0 && anchored);
+	}
+
+	/* Six destroyed at once: four kept, two given back. */
+	for (i = 0; i < 6; i++)
+		many[i] = th_pool(0, 0);
+	for (i = 0; i < 6; i++)
+		TH_OK(sop_pool_destroy(many[i]));
+	sop__va_kept(&n_kept, &anchors, &bytes);
+	TH_EQ(n_kept, 4);
+	if (th.sim_live_get) {
+		all = th_live_all();
+		TH_EQ(all.reservations, base.reservations + 4);
+		TH_EQ(th_live().reservations, base.reservations);
+	}
+	TH_OK(sop__va_kept_free());
+	sop__va_kept(&n_kept, &anchors, &bytes);
+	TH_EQ(n_kept, 0);
+	if (th.sim_live_get) {
+		all = th_live_all();
+		TH_EQ(all.reservations, base.reservations);
+		TH_EQ(all.handles, base.handles);
+		TH_EQ(all.mappings, base.mappings);
+		TH_EQ(all.phys_bytes, base.phys_bytes);
+	}
 }
 
 /* The device cannot back a request: out of memory, the pool as it was, and the pool still
@@ -283,6 +395,7 @@ main(void)
 	threshold(s1, s2);
 	trim(s1);
 	anchor(s1);
+	kept_reservation(s1);
 	device_full(s1);
 	th_stream_destroy(s1);
 	th_stream_destroy(s2);
