@@ -1587,8 +1587,11 @@ wl_growth(void)
 	int n_sides, r, i;
 
 	describe("Fresh pool, release threshold UINT64_MAX: create it, time the first 1 MiB "
-		 "allocation (which maps the first segment), free, synchronize, destroy. Then, "
-		 "threshold 0: allocate 32 MiB, free, synchronize the stream, %ld times per run: "
+		 "allocation (which maps the first segment), free, synchronize, destroy. sop's "
+		 "pools after the first take the address range the pool destroyed before them "
+		 "left, from the third on with its anchor, as in any process that makes pools one "
+		 "after another; all in one process, so the driver's pool may land where a range "
+		 "was freed. Then, threshold 0: allocate 32 MiB, free, synchronize the stream, %ld times per run: "
 		 "each synchronize hands the memory back and the next allocation maps it again. "
 		 "no-alloc is the bare driver calls the step needs, on an address range reserved "
 		 "beforehand: cuMemCreate, cuMemMap and cuMemSetAccess of one 32 MiB segment for "
