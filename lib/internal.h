@@ -353,8 +353,10 @@ CUresult sop__heap_anchor_drop(struct sop_pool *pool);
  * else a new one from the driver. Context current. */
 CUresult sop__va_reserve(struct sop_pool *pool);
 /* Promise a torn-down pool's reservation a place among those kept (false: no room, the caller
- * gives it back); sop__va_keep then keeps it, with its anchor, once no table names the pool. */
+ * gives it back); sop__va_keep then keeps it, with its anchor, once no table names the pool, or
+ * sop__va_unclaim takes the promise back. */
 bool sop__va_claim(void);
+void sop__va_unclaim(void);
 void sop__va_keep(struct sop_pool *pool);
 /* Unmap and release the anchor, then free the reservation; the driver's code. Context
  * current, pool lock held. */

@@ -257,10 +257,17 @@ sop__pool_reap(struct sop_pool *pool)
 		if (r != CUDA_SUCCESS)
 			return false;
 		keep = sop__va_claim();
-		if (keep && pool->va_reused && !pool->anchor_tried)
+		if (keep && pool->va_reused && !pool->anchor_tried) {
+			/* A handle it made and the driver would not release stays the pool's,
+			 * which then waits, whole, for the next synchronization point. */
 			sop__anchor_make(pool);
-		else if (!keep)
+			if (pool->n_orphans)
+				r = sop__orphans_release(pool);
+			if (r != CUDA_SUCCESS)
+				sop__va_unclaim();
+		} else if (!keep) {
 			r = sop__va_give_back(pool);
+		}
 		sop__pool_ctx_pop(pool);
 		if (r != CUDA_SUCCESS)
 			return false;

@@ -319,6 +319,14 @@ sop__va_claim(void)
 }
 
 void
+sop__va_unclaim(void)
+{
+	pthread_mutex_lock(&kept.lock);
+	kept.claimed--;
+	pthread_mutex_unlock(&kept.lock);
+}
+
+void
 sop__va_keep(struct sop_pool *pool)
 {
 	struct va_kept *k;
