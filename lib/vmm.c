@@ -229,6 +229,20 @@ sop__anchor_make(struct sop_pool *pool)
 	pool->anchored = true;
 }
 
+/* Unmap the anchor h at va, then release it: the unmap's refusal, with the anchor still
+ * mapped (*anchored stays true); else the release's result, *anchored false. A pool keeps a
+ * refused release as an orphan; the kept ranges' hook returns it. */
+static CUresult
+anchor_unmake(CUdeviceptr va, size_t granularity, CUmemGenericAllocationHandle h, bool *anchored)
+{
+	CUresult r = SOP_DRV(cuMemUnmap)(va, granularity);
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	*anchored = false;
+	return SOP_DRV(cuMemRelease)(h);
+}
+
 CUresult
 sop__heap_anchor_drop(struct sop_pool *pool)
 {
@@ -236,12 +250,8 @@ sop__heap_anchor_drop(struct sop_pool *pool)
 
 	if (!pool->anchored)
 		return CUDA_SUCCESS;
-	r = SOP_DRV(cuMemUnmap)(pool->va_base, pool->granularity);
-	if (r != CUDA_SUCCESS)
-		return r;
-	pool->anchored = false;
-	r = SOP_DRV(cuMemRelease)(pool->anchor);
-	if (r != CUDA_SUCCESS)
+	r = anchor_unmake(pool->va_base, pool->granularity, pool->anchor, &pool->anchored);
+	if (r != CUDA_SUCCESS && !pool->anchored)
 		sop__orphan_keep(pool, pool->anchor);
 	return r;
 }
@@ -392,11 +402,8 @@ sop__va_kept_free(void)
 		struct va_kept *k = &kept.slot[kept.n - 1];
 
 		if (k->anchored) {
-			r = SOP_DRV(cuMemUnmap)(k->va, k->granularity);
-			if (r == CUDA_SUCCESS) {
-				k->anchored = false;
-				e = SOP_DRV(cuMemRelease)(k->anchor);
-			}
+			e = anchor_unmake(k->va, k->granularity, k->anchor, &k->anchored);
+			r = k->anchored ? e : CUDA_SUCCESS;
 		}
 		if (r == CUDA_SUCCESS)
 			r = SOP_DRV(cuMemAddressFree)(k->va, k->size);
