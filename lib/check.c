@@ -12,6 +12,7 @@
  *    hint) say which lists are non-empty;
  *  - used memory is the sum of the requested bytes of ALLOC blocks; the watermarks are at least
  *    the current values.
+ * test/checker.c breaks a live pool against each of these on purpose and expects the walk to fail.
  */
 #include "internal.h"
 
