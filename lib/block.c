@@ -166,6 +166,7 @@ sop__block_carve(struct sop_pool *pool, struct sop__block *b, size_t size,
 	enum sop__state state = sop__block_state(b);
 	struct sop__block *rest = split_off(pool, b, size, state);
 
+	SOP_HELD(&pool->lock);
 	if (!rest)
 		return;
 	if (state == SOP_BLOCK_CACHED) {
@@ -242,6 +243,7 @@ sop__block_absorb_next(struct sop_pool *pool, struct sop__block *b, struct sop__
 {
 	struct sop__block *n = b->phys_next;
 
+	SOP_HELD(&b->seg->lock);
 	sop__map_remove(pool, b->seg, n->addr);
 	b->size += n->size;
 	b->phys_next = n->phys_next;
@@ -328,12 +330,12 @@ reclaim_begin(struct sop_pool *pool, struct sop__sstream *ss)
 	 * then again under it. */
 	if (pool->max_size || atomic_load_explicit(&pool->threads_met, memory_order_relaxed) ||
 	    atomic_load_explicit(&pool->heap_user, memory_order_relaxed) != ss ||
-	    pthread_mutex_trylock(&pool->lock))
+	    !sop__mutex_try(&pool->lock, SOP_RANK_POOL))
 		return false;
 	if (atomic_load_explicit(&pool->heap_user, memory_order_relaxed) == ss &&
 	    !sop__others_cache(pool, ss, 1))
 		return true;
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 	return false;
 }
 
@@ -363,6 +365,7 @@ sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 	struct sop__segment *seg = b->seg;
 	bool reclaim = (reclaimable(n, ss) || reclaimable(p, ss)) && reclaim_begin(pool, ss);
 
+	SOP_HELD(&ss->lock);
 	/* A look without the segment lock first, so that a free with nothing to merge (the common
 	 * case when streams share a segment) touches no shared line. It is exact: only ss's lock
 	 * holder makes a block cached on ss or changes b's next link, and a prev link that another
@@ -405,7 +408,7 @@ sop__block_merge_own(struct sop_pool *pool, struct sop__sstream *ss, struct sop_
 	}
 	sop__lock_drop(&seg->lock);
 	if (reclaim)
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 	if (ss->n_spare > SPARES_HIGH)
 		spares_shed(pool, ss);
 	return b;
@@ -456,6 +459,7 @@ sop__spares_balance(struct sop_pool *pool, struct sop__sstream *ss)
 void
 sop__spares_return(struct sop_pool *pool, struct sop__sstream *ss)
 {
+	SOP_HELD(&pool->lock);
 	if (ss->spare) {
 		chain_mark(ss->spare, ss->spare_last, ss->n_spare);
 		ss->spare_last->free_next = pool->spare;
@@ -471,6 +475,7 @@ sop__heap_put(struct sop_pool *pool, struct sop__block *b)
 	struct sop__segment *seg = b->seg;
 	struct sop__block *p, *n;
 
+	SOP_HELD(&pool->lock);
 	b->req = 0;
 	b->seq = 0;
 	sop__segment_lock(seg);

@@ -365,6 +365,7 @@ sop__map_remove(struct sop_pool *pool, struct sop__segment *seg, CUdeviceptr add
 	uintptr_t e = atomic_load_explicit(&pool->map_dir[i], memory_order_relaxed);
 	struct sop__map_leaf *leaf = entry_leaf(e);
 
+	SOP_HELD(&seg->lock);
 	if (e & MAP_LONE) {
 		atomic_store_explicit(&pool->map_dir[i], 0, memory_order_release);
 		return;
@@ -386,6 +387,7 @@ void
 sop__block_split(struct sop_pool *pool, struct sop__block *b, struct sop__block *rest, size_t size,
 		 enum sop__state state, struct sop__leaves *spares)
 {
+	SOP_HELD(&b->seg->lock);
 	rest->addr = b->addr + size;
 	rest->size = b->size - size;
 	rest->seg = b->seg;

@@ -107,7 +107,7 @@ sop__pool_check(struct sop_pool *pool)
 
 	if (!pool)
 		return 0;
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	if (atomic_load(&pool->dead))
 		goto out;
 	for (seg = pool->segments; seg; prev_seg = seg, seg = seg->next) {
@@ -264,6 +264,6 @@ sop__pool_check(struct sop_pool *pool)
 	CHECK(n_cached == n_cached_streams);
 	line = spare_chains_check(pool);
 out:
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 	return line;
 }

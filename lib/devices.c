@@ -28,7 +28,7 @@ default_in(_Atomic(struct sop_pool *) *def, CUmemLocationType type, int id, stru
 		*out = p;
 		return CUDA_SUCCESS;
 	}
-	pthread_mutex_lock(&sop__dev_lock);
+	sop__mutex_take(&sop__dev_lock, SOP_RANK_DEV);
 	p = atomic_load_explicit(def, memory_order_relaxed);
 	if (!p) {
 		CUmemPoolProps props;
@@ -40,7 +40,7 @@ default_in(_Atomic(struct sop_pool *) *def, CUmemLocationType type, int id, stru
 		if (r == CUDA_SUCCESS)
 			atomic_store_explicit(def, p, memory_order_release);
 	}
-	pthread_mutex_unlock(&sop__dev_lock);
+	sop__mutex_drop(&sop__dev_lock);
 	if (r == CUDA_SUCCESS)
 		*out = p;
 	return r;
@@ -66,7 +66,7 @@ set_current_in(_Atomic(struct sop_pool *) *cur, struct sop_pool *pool)
 {
 	CUresult r = CUDA_SUCCESS;
 
-	pthread_mutex_lock(&sop__dev_lock);
+	sop__mutex_take(&sop__dev_lock, SOP_RANK_DEV);
 	/* Checked under the lock that sop__forget_current takes to mark it: a pool being
 	 * destroyed on another thread never becomes current after it was forgotten, to be freed
 	 * while the table still names it. */
@@ -74,7 +74,7 @@ set_current_in(_Atomic(struct sop_pool *) *cur, struct sop_pool *pool)
 		r = CUDA_ERROR_INVALID_VALUE;
 	else
 		atomic_store_explicit(cur, pool->is_default ? NULL : pool, memory_order_release);
-	pthread_mutex_unlock(&sop__dev_lock);
+	sop__mutex_drop(&sop__dev_lock);
 	return r;
 }
 
@@ -195,10 +195,10 @@ sop__limit_reclaim(struct sop_pool *pool, size_t size)
 	for (i = 0; i < n; i++) {
 		if (pools[i]->host || pools[i]->device != pool->device)
 			continue;
-		pthread_mutex_lock(&pools[i]->lock);
+		sop__mutex_take(&pools[i]->lock, SOP_RANK_POOL);
 		if (!atomic_load(&pools[i]->dead))
 			sop__heap_release(pools[i], 0, 0);
-		pthread_mutex_unlock(&pools[i]->lock);
+		sop__mutex_drop(&pools[i]->lock);
 	}
 	free(pools);
 	sop__limit_get(pool->device, &limit, &after);
@@ -213,13 +213,13 @@ report_pool(struct sop_pool *p, const struct sop_pool *failed)
 	size_t largest = 0, free_bytes = 0;
 	uint64_t used;
 
-	pthread_mutex_lock(&p->lock);
+	sop__mutex_take(&p->lock, SOP_RANK_POOL);
 	if (atomic_load(&p->dead)) {
-		pthread_mutex_unlock(&p->lock);
+		sop__mutex_drop(&p->lock);
 		return;
 	}
 	used = sop__pool_used(p, SOP_FOLD_NONE);
-	pthread_mutex_unlock(&p->lock);
+	sop__mutex_drop(&p->lock);
 	sop__heap_free_extents(p, &largest, &free_bytes);
 	fprintf(stderr,
 		"sop:   pool %#llx%s%s%s: reserved %llu, used %llu, free %zu, largest free extent "

@@ -133,7 +133,7 @@ pin_release(void *arg)
 	struct batch *b;
 	size_t i;
 
-	pthread_mutex_lock(&epoch_lock);
+	sop__mutex_take(&epoch_lock, SOP_RANK_EPOCH);
 	if (p->prev)
 		p->prev->next = p->next;
 	else
@@ -144,7 +144,7 @@ pin_release(void *arg)
 		for (i = 0; i < b->n; i++)
 			if (b->e[i].pin == p)
 				b->e[i].pin = NULL;
-	pthread_mutex_unlock(&epoch_lock);
+	sop__mutex_drop(&epoch_lock);
 	if (sop__pin_self == p)
 		sop__pin_self = NULL;
 	free(p);
@@ -174,12 +174,12 @@ sop__pin_slow(void)
 		return NULL;
 	}
 	memset(p, 0, sizeof *p);
-	pthread_mutex_lock(&epoch_lock);
+	sop__mutex_take(&epoch_lock, SOP_RANK_EPOCH);
 	p->next = pins;
 	if (pins)
 		pins->prev = p;
 	pins = p;
-	pthread_mutex_unlock(&epoch_lock);
+	sop__mutex_drop(&epoch_lock);
 	sop__pin_self = p;
 	return sop__pin();
 }
@@ -199,13 +199,13 @@ sop__epoch_retire(struct sop__retired *r, void (*free_fn)(struct sop__retired *)
 	r->bounded = bounded;
 	if (sop__pin_self)
 		sop__pin_self->retired = true;
-	pthread_mutex_lock(&epoch_lock);
+	sop__mutex_take(&epoch_lock, SOP_RANK_EPOCH);
 	r->next = fresh;
 	fresh = r;
 	if (bounded)
 		atomic_fetch_add_explicit(&sop__epoch.n_retired, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&sop__epoch.n_all, 1, memory_order_relaxed);
-	pthread_mutex_unlock(&epoch_lock);
+	sop__mutex_drop(&epoch_lock);
 }
 
 /* Whether every thread the batch waits for has unpinned since. Epoch lock held. */
@@ -272,7 +272,7 @@ sop__epoch_reclaim(void)
 
 	if (!atomic_load_explicit(&sop__epoch.n_all, memory_order_relaxed))
 		return;
-	pthread_mutex_lock(&epoch_lock);
+	sop__mutex_take(&epoch_lock, SOP_RANK_EPOCH);
 	for (bp = &waiting; (b = *bp);) {
 		if (!batch_done(b)) {
 			bp = &b->next;
@@ -300,7 +300,7 @@ sop__epoch_reclaim(void)
 			atomic_fetch_sub_explicit(&sop__epoch.n_retired, 1, memory_order_relaxed);
 		atomic_fetch_sub_explicit(&sop__epoch.n_all, 1, memory_order_relaxed);
 	}
-	pthread_mutex_unlock(&epoch_lock);
+	sop__mutex_drop(&epoch_lock);
 	/* Outside the lock: freeing may unmap a block map's directory, or destroy events. */
 	while ((r = ready)) {
 		ready = r->next;

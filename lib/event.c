@@ -54,16 +54,17 @@ sop__stream_order(struct sop__stream *t, struct sop__clock *deps, struct sop__cl
 		claims->n = 0;
 		return;
 	}
-	pthread_mutex_lock(&t->lock);
+	sop__mutex_take(&t->lock, SOP_RANK_RECORD);
 	clock_copy(deps, &t->deps);
 	clock_copy(claims, &t->claims);
-	pthread_mutex_unlock(&t->lock);
+	sop__mutex_drop(&t->lock);
 }
 
 /* Note that t's clocks changed. t's lock held. */
 static void
 order_publish(struct sop__stream *t)
 {
+	SOP_HELD(&t->lock);
 	atomic_store_explicit(&t->n_order, t->deps.n + t->claims.n, memory_order_release);
 }
 
@@ -75,7 +76,7 @@ sop__stream_wait_for(struct sop__stream *t, CUstream t_handle, struct sop__strea
 	uint64_t covered = 0;
 	unsigned k;
 
-	pthread_mutex_lock(&s->lock);
+	sop__mutex_take(&s->lock, SOP_RANK_RECORD);
 	for (k = 0; k < SOP_PROBES; k++) {
 		struct sop__probe *p = &s->probe[k];
 		if (p->ev && p->epoch >= seq && (!best || p->epoch < best->epoch))
@@ -87,13 +88,13 @@ sop__stream_wait_for(struct sop__stream *t, CUstream t_handle, struct sop__strea
 		 * wait, which takes the event as it is now. */
 		r = SOP_DRV(cuStreamWaitEvent)(t_handle, best->ev, 0);
 	}
-	pthread_mutex_unlock(&s->lock);
+	sop__mutex_drop(&s->lock);
 	if (r != CUDA_SUCCESS)
 		return r;
-	pthread_mutex_lock(&t->lock);
+	sop__mutex_take(&t->lock, SOP_RANK_RECORD);
 	deps_add(&t->deps, s->id, s->gen, covered);
 	order_publish(t);
-	pthread_mutex_unlock(&t->lock);
+	sop__mutex_drop(&t->lock);
 	return CUDA_SUCCESS;
 }
 
@@ -293,11 +294,11 @@ sop__event_wait(CUstream stream, CUevent ev, unsigned int flags)
 	 * later work is ordered after the event's clock. A claim, until a probe proves it. */
 	if (sop__stream_lookup(stream, false, &t) != CUDA_SUCCESS)
 		return r;
-	pthread_mutex_lock(&t->lock);
+	sop__mutex_take(&t->lock, SOP_RANK_RECORD);
 	for (i = 0; i < clock.n; i++)
 		if (clock.e[i].gen != t->gen)
 			deps_add(&t->claims, clock.e[i].id, clock.e[i].gen, clock.e[i].epoch);
 	order_publish(t);
-	pthread_mutex_unlock(&t->lock);
+	sop__mutex_drop(&t->lock);
 	return r;
 }

@@ -696,7 +696,7 @@ grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, uint64_t roomy
 	at = pl.at_end ? pl.hole->addr + pl.hole->size - pl.size : pl.hole->addr;
 	b = claim(pool, pl.hole, at, pl.size, d, &k, &lv);
 	pool->mapping_leaves = lv.n; /* for sop__pool_check meanwhile */
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 
 	r = sop__pool_ctx_push(pool);
 	if (r != CUDA_SUCCESS) {
@@ -790,6 +790,7 @@ sop__heap_grow(struct sop_pool *pool, struct sop__sstream *ss, size_t size, uint
 	CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
 	int tries;
 
+	SOP_HELD(&pool->lock);
 	/* Torn down (sop__pool_reap) while this request waited for another's growth with the
 	 * lock dropped: its reservation and context are gone, and the request fails as calls on
 	 * a destroyed pool do. Grown there, it mapped memory into addresses that another pool

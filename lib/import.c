@@ -389,9 +389,9 @@ sop__import_sync(struct sop_pool *pool)
 	    !__atomic_load_n(&pool->import->kept, __ATOMIC_RELAXED) &&
 	    !atomic_load(&pool->destroyed))
 		return;
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	if (atomic_load(&pool->dead) || !reap(pool, false))
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 }
 
 /* ---- Importing a pointer --------------------------------------------------------------------- */
@@ -632,19 +632,19 @@ import_once(struct sop_pool *pool, const struct sop__export_data *d, bool with_h
 	q.version = SOP_WIRE_VERSION;
 	q.op = SOP_WIRE_PIECES;
 	q.data = *d;
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	if (with_have)
 		for (i = piece_index(im, ptr);
 		     i < im->n_pieces && im->pieces[i]->va < ptr + d->size && q.n_have < SOP_WIRE_HAVE;
 		     i++)
 			if (im->pieces[i]->serial)
 				q.have[q.n_have++] = im->pieces[i]->serial;
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 
 	r = ask(im, &q, &v, &fds, &n);
 	if (r != CUDA_SUCCESS)
 		return r;
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	r = sop__pool_ctx_push(pool);
 	if (r == CUDA_SUCCESS) {
 		if (!tables_reserve(im, n))
@@ -660,7 +660,7 @@ import_once(struct sop_pool *pool, const struct sop__export_data *d, bool with_h
 	}
 	/* A piece still in the way may be one whose pointers' frees are pending: worth a wait. */
 	*retry_wait = r == CUDA_ERROR_ALREADY_MAPPED && im->n_pending;
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 	sop__wire_fds_close(fds, n);
 	free(v);
 	free(fds);
@@ -708,26 +708,26 @@ sop__import_pointer(struct sop_pool *pool, const CUmemPoolPtrExportData *data, v
 	if (!data_ok(pool, data, &d))
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&im->lock);
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	if (atomic_load(&pool->destroyed) || im->fd < 0) {
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 		pthread_mutex_unlock(&im->lock);
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 	reap(pool, false);
 	if (broker_alive(im) && import_local(pool, &d)) {
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 		pthread_mutex_unlock(&im->lock);
 		*out = (void *)(uintptr_t)(pool->va_base + d.off);
 		return CUDA_SUCCESS;
 	}
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 	r = import_once(pool, &d, true, &retry_wait);
 	for (attempt = 0; attempt < 2 && (r == CUDA_ERROR_NOT_FOUND || retry_wait); attempt++) {
 		if (retry_wait) {
-			pthread_mutex_lock(&pool->lock);
+			sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 			reap(pool, true);
-			pthread_mutex_unlock(&pool->lock);
+			sop__mutex_drop(&pool->lock);
 		}
 		r = im->fd < 0 ? CUDA_ERROR_INVALID_VALUE : import_once(pool, &d, false, &retry_wait);
 	}
@@ -777,16 +777,16 @@ sop__import_free(struct sop_pool *pool, CUdeviceptr addr, CUstream stream, bool 
 	CUresult r = CUDA_SUCCESS;
 	size_t i;
 
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	i = ptr_index(im, addr);
 	if (atomic_load(&pool->dead) || i == im->n_ptrs || im->ptrs[i].ptr != addr ||
 	    im->ptrs[i].done) {
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 	im->used -= im->ptrs[i].size;
 	if (--im->ptrs[i].count) {
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 		return CUDA_SUCCESS;
 	}
 	if (now) {
@@ -803,7 +803,7 @@ sop__import_free(struct sop_pool *pool, CUdeviceptr addr, CUstream stream, bool 
 		im->used += im->ptrs[i].size;
 	}
 	if (!reap(pool, false))
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 	return r;
 }
 
@@ -816,7 +816,7 @@ sop__import_block(struct sop_pool *pool, CUdeviceptr addr, CUdeviceptr *start, s
 	CUresult r = CUDA_ERROR_INVALID_VALUE;
 	size_t i;
 
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	/* Live imports are apart, but records of pending frees may lie over them (the exporter
 	 * reused the memory since): look back past those. */
 	for (i = ptr_index(im, addr + 1); i-- > 0;) {
@@ -829,7 +829,7 @@ sop__import_block(struct sop_pool *pool, CUdeviceptr addr, CUdeviceptr *start, s
 		r = CUDA_SUCCESS;
 		break;
 	}
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 	return r;
 }
 
@@ -839,11 +839,11 @@ sop__import_used(struct sop_pool *pool, CUmemPool_attribute attr, void *value, b
 	struct sop__import *im = pool->import;
 	cuuint64_t v;
 
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	if (set)
 		im->used_high = im->used;
 	v = attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT ? im->used : im->used_high;
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 	if (!set)
 		memcpy(value, &v, sizeof v);
 	return CUDA_SUCCESS;
@@ -857,8 +857,8 @@ sop__import_destroy(struct sop_pool *pool)
 	/* No request in flight from here on: the import's lock orders it after any. */
 	pthread_mutex_lock(&im->lock);
 	sop__forget_current(pool); /* marks it destroyed */
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	if (!reap(pool, false))
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 	pthread_mutex_unlock(&im->lock);
 }

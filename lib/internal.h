@@ -3,6 +3,9 @@
  * grouped under the file that defines it, in the same order. The types they share, with the
  * inline accessors of their fields, are in types.h. Nothing here is public.
  *
+ * Checks
+ *   locks.c     in a build with -Dchecks=true, the locks each thread holds, every take checked
+ *               against the order of types.h's ranks; empty otherwise
  * The driver
  *   driver.c    the only file through which sop calls cu*: a table of entry points loaded with
  *               dlopen, call counts, primary contexts, a pool's context pushed and popped, the

@@ -487,6 +487,7 @@ spares_take(struct sop__stream *st)
 {
 	unsigned i, k = 0;
 
+	SOP_HELD(&st->lock);
 	pthread_mutex_lock(&spares.lock);
 	for (i = spares.n; i-- > 0 && k < SOP_PROBES;) {
 		if (spares.e[i].ctx != st->ctx)
@@ -537,9 +538,9 @@ events_give(struct sop__stream *st)
 static void
 stream_done_with(struct sop__stream *st)
 {
-	pthread_mutex_lock(&st->lock);
+	sop__mutex_take(&st->lock, SOP_RANK_RECORD);
 	events_give(st);
-	pthread_mutex_unlock(&st->lock);
+	sop__mutex_drop(&st->lock);
 }
 
 static void
@@ -888,10 +889,10 @@ probe_if_uncovered(struct sop__stream *st, CUstream handle, uint64_t seq, bool c
 		return;
 	if (!checked && (sop__stream_id(handle, &id) != CUDA_SUCCESS || id != st->id))
 		return;
-	pthread_mutex_lock(&st->lock);
+	sop__mutex_take(&st->lock, SOP_RANK_RECORD);
 	if (atomic_load(&st->newest) < seq)
 		(void)probe_record(st, handle); /* a failure only loses a chance to reuse early */
-	pthread_mutex_unlock(&st->lock);
+	sop__mutex_drop(&st->lock);
 }
 
 void
@@ -998,11 +999,11 @@ sop__stream_poll(struct sop__stream *st)
 	t = sop__now_ns();
 	if (t < atomic_load_explicit(&st->next_poll_ns, memory_order_relaxed))
 		return done;
-	pthread_mutex_lock(&st->lock);
+	sop__mutex_take(&st->lock, SOP_RANK_RECORD);
 	probes_poll_locked(st);
 	if (atomic_load(&st->newest) > atomic_load(&st->done))
 		atomic_store_explicit(&st->next_poll_ns, t + POLL_BACKOFF_NS, memory_order_relaxed);
-	pthread_mutex_unlock(&st->lock);
+	sop__mutex_drop(&st->lock);
 	return atomic_load(&st->done);
 }
 
@@ -1010,9 +1011,9 @@ uint64_t
 sop__stream_prove(struct sop__stream *st)
 {
 	if (atomic_load(&st->newest) > atomic_load(&st->done)) {
-		pthread_mutex_lock(&st->lock);
+		sop__mutex_take(&st->lock, SOP_RANK_RECORD);
 		probes_poll_locked(st);
-		pthread_mutex_unlock(&st->lock);
+		sop__mutex_drop(&st->lock);
 	}
 	return atomic_load(&st->done);
 }

@@ -82,6 +82,7 @@ sop__pool_new(const CUmemPoolProps *props, bool is_default, size_t va_size,
 	pool = calloc(1, sizeof *pool);
 	if (!pool)
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	sop__lock_init(&pool->leaf_lock, SOP_RANK_LEAF);
 	pool->props = *props;
 	pool->host = props->location.type != CU_MEM_LOCATION_TYPE_DEVICE;
 	if (pool->host) {
@@ -284,7 +285,7 @@ sop__pool_reap(struct sop_pool *pool)
 	sop__handle_drop(pool);
 	SOP_DRV(cuDevicePrimaryCtxRelease)(pool->device);
 	atomic_store(&pool->dead, true);
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 	sop__epoch_retire(&pool->retired, pool_free, true);
 	return true;
 }
@@ -294,11 +295,11 @@ void
 sop__pool_destroy(struct sop_pool *pool)
 {
 	sop__forget_current(pool); /* marks it destroyed */
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	/* Memory nobody uses goes back now; the rest when its last user lets go. */
 	sop__heap_release(pool, 0, 0);
 	if (!sop__pool_reap(pool))
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 }
 
 void
@@ -351,15 +352,15 @@ sop__pool_get_attr(struct sop_pool *pool, CUmemPool_attribute attr, void *value)
 		v = atomic_load(&pool->reserved_high);
 		break;
 	case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
-		pthread_mutex_lock(&pool->lock);
+		sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 		v = sop__pool_used(pool, SOP_FOLD_NONE);
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 		break;
 	case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-		pthread_mutex_lock(&pool->lock);
+		sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 		sop__pool_used(pool, SOP_FOLD_ALL);
 		v = pool->used_high;
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 		break;
 	default:
 		return CUDA_ERROR_INVALID_VALUE;
@@ -390,17 +391,17 @@ sop__pool_set_attr(struct sop_pool *pool, CUmemPool_attribute attr, void *value)
 		if (v)
 			return CUDA_ERROR_INVALID_VALUE;
 		/* Under the lock: reserved only changes there. */
-		pthread_mutex_lock(&pool->lock);
+		sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 		atomic_store(&pool->reserved_high, atomic_load(&pool->reserved));
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 		return CUDA_SUCCESS;
 	case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
 		memcpy(&v, value, sizeof v);
 		if (v)
 			return CUDA_ERROR_INVALID_VALUE;
-		pthread_mutex_lock(&pool->lock);
+		sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 		pool->used_high = sop__pool_used(pool, SOP_FOLD_ALL); /* and the shards start again */
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 		return CUDA_SUCCESS;
 	default:
 		/* The *_CURRENT statistics are read-only; anything else is unknown. */
@@ -437,9 +438,9 @@ sop__pool_get_access(struct sop_pool *pool, const CUmemLocation *loc, CUmemAcces
 	}
 	if (loc->id < 0 || loc->id >= sop__device_count())
 		return CUDA_ERROR_INVALID_DEVICE;
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	*flags = access_of(pool, loc->id);
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 	return CUDA_SUCCESS;
 }
 
@@ -516,7 +517,7 @@ sop__pool_set_access(struct sop_pool *pool, const CUmemAccessDesc *map, size_t c
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto out;
 	}
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	if (atomic_load(&pool->dead)) {
 		/* Torn down by another thread since the caller looked: its context is released. */
 		r = CUDA_ERROR_INVALID_VALUE;
@@ -559,7 +560,7 @@ sop__pool_set_access(struct sop_pool *pool, const CUmemAccessDesc *map, size_t c
 		next = NULL;
 	}
 unlock:
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 out:
 	free(next);
 	free(want);
@@ -574,8 +575,8 @@ sop__pool_trim(struct sop_pool *pool, size_t keep)
 {
 	CUresult r;
 
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	r = sop__heap_release(pool, keep, keep);
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 	return r;
 }

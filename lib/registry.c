@@ -113,7 +113,7 @@ sop__handle_take(struct sop_pool *pool)
 	struct sop__handle_slot *s;
 	uint32_t i;
 
-	pthread_mutex_lock(&handle_lock);
+	sop__mutex_take(&handle_lock, SOP_RANK_HANDLE);
 	if (handle_free != HANDLE_NONE) {
 		i = handle_free;
 		s = handle_slot(i);
@@ -121,7 +121,7 @@ sop__handle_take(struct sop_pool *pool)
 	} else {
 		/* Chunks are never freed: a handle from any time can be looked up. */
 		if (handles_made == HANDLE_SLOTS) {
-			pthread_mutex_unlock(&handle_lock);
+			sop__mutex_drop(&handle_lock);
 			return false;
 		}
 		i = handles_made;
@@ -129,7 +129,7 @@ sop__handle_take(struct sop_pool *pool)
 			struct sop__handle_slot *chunk = calloc(HANDLE_CHUNK, sizeof *chunk);
 			uint32_t k;
 			if (!chunk) {
-				pthread_mutex_unlock(&handle_lock);
+				sop__mutex_drop(&handle_lock);
 				return false;
 			}
 			for (k = 0; k < HANDLE_CHUNK; k++)
@@ -143,7 +143,7 @@ sop__handle_take(struct sop_pool *pool)
 	s->next_free = HANDLE_NONE;
 	pool->handle = s->gen << SOP_HANDLE_INDEX_BITS | i;
 	handles_used++;
-	pthread_mutex_unlock(&handle_lock);
+	sop__mutex_drop(&handle_lock);
 	return true;
 }
 
@@ -162,7 +162,7 @@ sop__handle_drop(struct sop_pool *pool)
 	uint32_t i = (uint32_t)(pool->handle & (HANDLE_SLOTS - 1));
 	struct sop__handle_slot *s;
 
-	pthread_mutex_lock(&handle_lock);
+	sop__mutex_take(&handle_lock, SOP_RANK_HANDLE);
 	s = handle_slot(i);
 	atomic_store_explicit(&s->pool, NULL, memory_order_release);
 	handles_used--;
@@ -170,7 +170,7 @@ sop__handle_drop(struct sop_pool *pool)
 		s->next_free = handle_free;
 		handle_free = i;
 	}
-	pthread_mutex_unlock(&handle_lock);
+	sop__mutex_drop(&handle_lock);
 }
 
 size_t
@@ -178,9 +178,9 @@ sop__handles_used(void)
 {
 	size_t n;
 
-	pthread_mutex_lock(&handle_lock);
+	sop__mutex_take(&handle_lock, SOP_RANK_HANDLE);
 	n = handles_used;
-	pthread_mutex_unlock(&handle_lock);
+	sop__mutex_drop(&handle_lock);
 	return n;
 }
 
@@ -214,7 +214,7 @@ sop__registry_add(struct sop_pool *pool)
 	CUdeviceptr a, end = pool->va_base + pool->va_size;
 	bool ok = true;
 
-	pthread_mutex_lock(&reg_lock);
+	sop__mutex_take(&reg_lock, SOP_RANK_REG);
 	for (a = pool->va_base; a < end; a += (CUdeviceptr)1 << SOP_VA_GRANULE_LOG2) {
 		if (!reg_slot_of(a, true)) {
 			ok = false;
@@ -227,7 +227,7 @@ sop__registry_add(struct sop_pool *pool)
 		pool->next = live_pools;
 		live_pools = pool;
 	}
-	pthread_mutex_unlock(&reg_lock);
+	sop__mutex_drop(&reg_lock);
 	return ok;
 }
 
@@ -237,7 +237,7 @@ sop__registry_remove(struct sop_pool *pool)
 	CUdeviceptr a, end = pool->va_base + pool->va_size;
 	struct sop_pool **pp;
 
-	pthread_mutex_lock(&reg_lock);
+	sop__mutex_take(&reg_lock, SOP_RANK_REG);
 	/* Only the entries that still name it: its addresses were given back to the driver
 	 * before it left the table, and a pool made meanwhile on another thread may have them. */
 	for (a = pool->va_base; a < end; a += (CUdeviceptr)1 << SOP_VA_GRANULE_LOG2) {
@@ -252,7 +252,7 @@ sop__registry_remove(struct sop_pool *pool)
 		}
 	}
 	pool->next = NULL;
-	pthread_mutex_unlock(&reg_lock);
+	sop__mutex_drop(&reg_lock);
 }
 
 struct sop_pool *
@@ -269,7 +269,7 @@ sop__registry_snapshot(size_t *n)
 	struct sop_pool **v = NULL, *p;
 	size_t k = 0, cnt = 0;
 
-	pthread_mutex_lock(&reg_lock);
+	sop__mutex_take(&reg_lock, SOP_RANK_REG);
 	for (p = live_pools; p; p = p->next)
 		cnt++;
 	if (cnt)
@@ -277,7 +277,7 @@ sop__registry_snapshot(size_t *n)
 	if (v)
 		for (p = live_pools; p; p = p->next)
 			v[k++] = p;
-	pthread_mutex_unlock(&reg_lock);
+	sop__mutex_drop(&reg_lock);
 	*n = k;
 	return v;
 }
@@ -289,7 +289,7 @@ sop__forget_current(struct sop_pool *pool)
 {
 	int slot;
 
-	pthread_mutex_lock(&sop__dev_lock);
+	sop__mutex_take(&sop__dev_lock, SOP_RANK_DEV);
 	if (pool->host) {
 		slot = sop__host_slot(&pool->props.location);
 		if (slot >= 0 && atomic_load(&sop__host_current_pools[slot]) == pool)
@@ -301,5 +301,5 @@ sop__forget_current(struct sop_pool *pool)
 	/* After the table, with release: a sop_malloc_async that finds the pool destroyed and
 	 * reads the table again finds the default. */
 	atomic_store_explicit(&pool->destroyed, true, memory_order_release);
-	pthread_mutex_unlock(&sop__dev_lock);
+	sop__mutex_drop(&sop__dev_lock);
 }

@@ -365,6 +365,7 @@ sop__idle_take(struct sop_pool *pool, size_t want, struct sop__block *const spar
 CUresult
 sop__heap_release(struct sop_pool *pool, size_t target, size_t floor)
 {
+	SOP_HELD(&pool->lock);
 	return sop__release_idle(pool, target, floor, 0, NULL);
 }
 

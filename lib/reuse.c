@@ -21,6 +21,8 @@ cache_coalesce(struct sop_pool *pool, struct sop__sstream *ss)
 	struct sop__block **v, *b, *n;
 	size_t cnt, i;
 
+	SOP_HELD(&pool->lock);
+	SOP_HELD(&ss->lock);
 	v = sop__cache_collect(ss, &cnt);
 	for (i = 0; i < cnt; i++) {
 		b = v[i];
@@ -211,6 +213,7 @@ flush_observed(struct sop_pool *pool, struct sop__sstream *ss, size_t close)
 	int asked = 0;
 	uint64_t t = 0;
 
+	SOP_HELD(&pool->lock);
 	if (close) {
 		t = sop__now_ns();
 		if (t < pool->loose_poll_ns)
@@ -239,6 +242,7 @@ take_with_wait(struct sop_pool *pool, struct sop__sstream *ss, CUstream stream, 
 {
 	struct sop__sstream *o;
 
+	SOP_HELD(&pool->lock);
 	for (o = pool->streams; o; o = o->next) {
 		struct sop__block *b;
 		uint64_t newest;
@@ -364,6 +368,7 @@ heap_pick(struct sop_pool *pool, struct sop__sstream *ss, size_t size, bool *cro
 	struct sop__block *b = sop__split_fit(pool, &pool->heap, size), *h;
 	unsigned own = HOME_PROBES, nobodys = HOME_PROBES;
 
+	SOP_HELD(&pool->lock);
 	*crowded = false;
 	if (!b || b->seg->home == ss || size > HOME_MAX ||
 	    !atomic_load_explicit(&pool->threads_met, memory_order_relaxed))
@@ -393,6 +398,8 @@ best_take_locked(struct sop_pool *pool, struct sop__sstream *ss, size_t size,
 	struct sop__block *mine, *any = heap_pick(pool, ss, size, crowded);
 	bool low = sop__place_low(pool, size);
 
+	SOP_HELD(&pool->lock);
+	SOP_HELD(&ss->lock);
 	mine = sop__split_fit(pool, &ss->cache, size);
 	/* Were the crowded fit to win on size, the caller would grow rather than take it, while
 	 * this fit stayed in the cache: the memory taken from the new piece comes back to the
@@ -571,7 +578,7 @@ alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, 
 	sop__pool_lock_noting(pool);
 	if (atomic_load(&pool->dead)) {
 		/* Torn down since the caller found it: nothing to allocate from, or to grow. */
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 	sop__lock_take(&ss->lock);
@@ -582,7 +589,7 @@ alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, 
 	}
 	sop__lock_drop(&ss->lock);
 	if (stale) {
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 		return CUDA_ERROR_NOT_FOUND; /* caller looks the stream up again */
 	}
 	/* 1. The best fit among the blocks this stream may use: what it freed itself (safe for it
@@ -713,6 +720,6 @@ alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, 
 	} else if (r == CUDA_SUCCESS) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 	return r;
 }

@@ -166,6 +166,7 @@ sop__segment_new(struct sop_pool *pool, size_t size, size_t min, const struct so
 
 	if (!seg)
 		return NULL;
+	sop__lock_init(&seg->lock, SOP_RANK_SEGMENT);
 	/* Whole spans of the block map, so that no leaf is shared by two segments' locks. */
 	size = sop__round_up(size, unit);
 	min = sop__round_up(min, unit);
@@ -228,6 +229,8 @@ segment_cut(struct sop_pool *pool, struct sop__segment *seg, struct sop__block *
 	size_t i = sop__piece_search(seg, at), k;
 	struct sop__block *x;
 
+	SOP_HELD(&pool->lock);
+	SOP_HELD(&seg->lock);
 	if (b->addr < at) {
 		enum sop__state st = sop__block_state(b);
 
@@ -295,6 +298,7 @@ sop__segment_adopt(struct sop_pool *pool, struct sop__block *h, size_t size, siz
 		d[k] = sop__block_new(pool);
 		if (!n[k] || !v[k] || !d[k])
 			goto out;
+		sop__lock_init(&n[k]->lock, SOP_RANK_SEGMENT);
 	}
 	if (!sop__segment_lock_leaves(pool, seg, 2))
 		goto out;
@@ -339,8 +343,12 @@ sop__segment_drop(struct sop_pool *pool, struct sop__segment *seg)
 	struct sop__block *h = seg->first;
 
 	sop__hole_unlink(pool, h);
+	/* No other thread reaches a segment that is one HOLE (growth, under the pool lock, is what
+	 * maps holes), but the map's writers hold the segment lock, and so does this one. */
+	sop__lock_take(&seg->lock);
 	sop__map_remove(pool, seg, h->addr);
 	sop__leaves_put(pool, &seg->leaves, 0);
+	sop__lock_drop(&seg->lock);
 	sop__block_delete(pool, h);
 	segment_unlink(pool, seg);
 	va_give(pool, seg->va - pool->va_base, seg->size);
@@ -413,7 +421,7 @@ sop__heap_free_extents(struct sop_pool *pool, size_t *largest, size_t *total)
 	struct sop__segment *seg;
 	size_t most = 0, sum = 0;
 
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	for (seg = pool->segments; seg; seg = seg->next) {
 		struct sop__block *b;
 		size_t run = 0;
@@ -435,7 +443,7 @@ sop__heap_free_extents(struct sop_pool *pool, size_t *largest, size_t *total)
 		}
 		sop__lock_drop(&seg->lock);
 	}
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 	*largest = most;
 	*total = sum;
 }

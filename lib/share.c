@@ -124,11 +124,11 @@ sop__share_pointer(struct sop_pool *pool, CUdeviceptr addr, CUmemPoolPtrExportDa
 
 	if (!(pool->props.handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) || pool->imported)
 		return CUDA_ERROR_INVALID_VALUE;
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	b = atomic_load(&pool->dead) ? NULL : sop__map_get(pool, addr);
 	if (!b || atomic_load_explicit(&b->tag, memory_order_acquire) !=
 			  sop__tag(addr, SOP_BLOCK_ALLOC)) {
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 	/* Exported once per allocation: later exports of it carry the same serial, and its next
@@ -143,7 +143,7 @@ sop__share_pointer(struct sop_pool *pool, CUdeviceptr addr, CUmemPoolPtrExportDa
 	d.gen = __atomic_load_n(&b->gen, __ATOMIC_RELAXED);
 	seg = segment_of(pool, addr);
 	board_put(pool, &d, seg ? piece_under(seg, addr, d.size) : 0);
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 	d.check = sop__share_check(&d);
 	_Static_assert(sizeof d <= sizeof *out, "export data fits the driver's");
 	memset(out, 0, sizeof *out);
@@ -418,7 +418,7 @@ answer_make(struct sop_pool *pool, const struct sop__wire_request *q, struct sop
 	addr = pool->va_base + d->off;
 	end = addr + d->size;
 	mode = sop__capture_relax();
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	if (atomic_load(&pool->dead) || atomic_load(&pool->destroyed))
 		goto out;
 	b = sop__map_get(pool, addr);
@@ -472,7 +472,7 @@ answer_make(struct sop_pool *pool, const struct sop__wire_request *q, struct sop
 				  v[n - 1].off + v[n - 1].size < d->off + d->size))
 		r = CUDA_ERROR_INVALID_VALUE;
 out:
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 	sop__capture_restore(mode);
 	if (r != CUDA_SUCCESS) {
 		sop__wire_fds_close(fds, n);
@@ -747,7 +747,7 @@ sop__share_export(struct sop_pool *pool, int *fd)
 	if (!(pool->props.handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ||
 	    pool->is_default || pool->imported)
 		return CUDA_ERROR_INVALID_VALUE;
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	if (atomic_load(&pool->dead) || atomic_load(&pool->destroyed))
 		r = CUDA_ERROR_INVALID_VALUE;
 	else if (!pool->broker)
@@ -755,7 +755,7 @@ sop__share_export(struct sop_pool *pool, int *fd)
 	if (r == CUDA_SUCCESS && (d = fcntl(pool->broker->a, F_DUPFD_CLOEXEC, 0)) < 0)
 		r = errno == EMFILE || errno == ENFILE ? CUDA_ERROR_OUT_OF_MEMORY
 						       : CUDA_ERROR_OPERATING_SYSTEM;
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 	if (r == CUDA_SUCCESS)
 		*fd = d;
 	return r;
@@ -767,10 +767,10 @@ sop__share_stop(struct sop_pool *pool)
 	struct sop__broker *bk, **pp;
 	bool forked;
 
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	bk = pool->broker;
 	pool->broker = NULL;
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 	if (!bk)
 		return;
 	pthread_mutex_lock(&brokers_lock);

@@ -656,13 +656,13 @@ sop_free(void *ptr)
 		sop__epoch_reclaim();
 		return r;
 	}
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	b = atomic_load(&pool->dead) ? NULL : sop__map_get(pool, addr);
 	/* Claim it as a free would (racing frees of the same pointer: one wins), then give it to
 	 * the heap: the caller vouches that nothing uses it any more. */
 	if (!b || !atomic_compare_exchange_strong(&b->tag, &expect,
 						  sop__tag(addr, SOP_BLOCK_CACHED))) {
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 		sop__unpin(pin);
 		return CUDA_ERROR_INVALID_VALUE;
 	}
@@ -671,7 +671,7 @@ sop_free(void *ptr)
 		sop__share_forget(pool, b);
 	sop__heap_put(pool, b);
 	if (!sop__pool_reap(pool))
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 	sop__unpin(pin);
 	sop__epoch_reclaim();
 	return CUDA_SUCCESS;
@@ -702,7 +702,7 @@ sop__pointer_block(const void *ptr, sop_pool_t *pool, CUdeviceptr *start, size_t
 		sop__unpin(pin);
 		return r;
 	}
-	pthread_mutex_lock(&p->lock);
+	sop__mutex_take(&p->lock, SOP_RANK_POOL);
 	/* Not a hot path: find the segment, then the block within it. */
 	for (seg = atomic_load(&p->dead) ? NULL : p->segments; seg; seg = seg->next) {
 		if (addr >= seg->va && addr - seg->va < seg->size) {
@@ -731,7 +731,7 @@ sop__pointer_block(const void *ptr, sop_pool_t *pool, CUdeviceptr *start, size_t
 	} else {
 		r = CUDA_ERROR_INVALID_VALUE;
 	}
-	pthread_mutex_unlock(&p->lock);
+	sop__mutex_drop(&p->lock);
 	sop__unpin(pin);
 	return r;
 }

@@ -32,8 +32,10 @@ sstream_alloc(void)
 {
 	struct sop__sstream *ss = aligned_alloc(_Alignof(struct sop__sstream), sizeof *ss);
 
-	if (ss)
+	if (ss) {
 		memset(ss, 0, sizeof *ss);
+		sop__lock_init(&ss->lock, SOP_RANK_STATE);
+	}
 	return ss;
 }
 
@@ -95,7 +97,7 @@ sop__sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id,
 	sop__pool_lock_noting(pool); /* a stream's first request: where threads meet first */
 	if (atomic_load(&pool->dead)) {
 		/* Torn down since the caller found it (epoch.c keeps it readable): no new state. */
-		pthread_mutex_unlock(&pool->lock);
+		sop__mutex_drop(&pool->lock);
 		sop__stream_release(st);
 		free(fresh);
 		return CUDA_ERROR_INVALID_VALUE;
@@ -107,7 +109,7 @@ sop__sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id,
 	} else {
 		sop__stream_release(st);
 	}
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 	free(fresh);
 	if (!ss)
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -119,6 +121,7 @@ sop__sstream_lookup(struct sop_pool *pool, CUstream stream, uint64_t id,
 void
 sop__sstream_disown(struct sop_pool *pool, struct sop__sstream *ss, size_t used)
 {
+	SOP_HELD(&pool->lock);
 	if (sop__segments_disown(pool, ss, used))
 		atomic_store_explicit(&ss->may_home, false, memory_order_relaxed);
 }
@@ -156,6 +159,7 @@ sop__sstream_flush(struct sop__sstream *ss, uint64_t epoch)
 	struct sop__block **v;
 	size_t n, i, moved = 0;
 
+	SOP_HELD(&ss->pool->lock);
 	sop__lock_take(&ss->lock);
 	v = sop__cache_collect(ss, &n);
 	for (i = 0; i < n; i++) {
@@ -183,6 +187,7 @@ sop__sstream_retire_idle(struct sop_pool *pool)
 	struct sop__sstream **pp = &pool->streams, *ss, *retired = NULL;
 	struct sop__segment *seg;
 
+	SOP_HELD(&pool->lock);
 	while ((ss = *pp)) {
 		bool gone = atomic_load_explicit(&ss->gone, memory_order_relaxed), idle, cached;
 

@@ -81,7 +81,7 @@ sync_complete(const struct sync_mark *marks, size_t n, bool retire)
 			continue;
 		sop__pool_lock_spun(pool);
 		if (atomic_load(&pool->dead)) {
-			pthread_mutex_unlock(&pool->lock);
+			sop__mutex_drop(&pool->lock);
 			continue;
 		}
 		for (ss = pool->streams; ss; ss = ss->next)
@@ -99,7 +99,7 @@ sync_complete(const struct sync_mark *marks, size_t n, bool retire)
 		atomic_store(&pool->pressure, false);
 		sop__pool_apply_threshold(pool);
 		if (!sop__pool_reap(pool))
-			pthread_mutex_unlock(&pool->lock);
+			sop__mutex_drop(&pool->lock);
 	}
 	sop__unpin(pin);
 	free(pools);
@@ -119,12 +119,12 @@ pool_stream_gone(struct sop_pool *pool, uint64_t id)
 		atomic_store_explicit(&ss->gone, true, memory_order_relaxed);
 		return;
 	}
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	if (!atomic_load(&pool->dead) && (ss = sop__sstream_find(pool, id))) {
 		atomic_store_explicit(&ss->gone, true, memory_order_relaxed);
 		sop__sstream_disown(pool, ss, 0);
 	}
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 }
 
 void

@@ -88,13 +88,110 @@ sop__round_up(size_t x, size_t to)
  * than alignment where the objects come from calloc). */
 #define SOP_PAD(name) char name[64]
 
+/* ---- Lock ranks (locks.c) ----------------------------------------------------------------
+ * The order locks are taken in: a thread takes a lock only while every lock it holds ranks
+ * below it. A trylock, which cannot wait, may be taken out of order (a free that takes back
+ * FREE memory tries its pool's lock under its stream's: stream.c). Built with -Dchecks=true
+ * (the test suite's builds), every take is checked against the locks the thread holds, and a
+ * function that needs a lock held says so with SOP_HELD; otherwise none of it is compiled. */
+#ifndef SOP_CHECKS
+#define SOP_CHECKS 0
+#endif
+
+enum sop__rank {
+	SOP_RANK_NONE,        /* never: a lock whose rank was not set */
+	SOP_RANK_DEV,         /* sop__dev_lock (registry.c): default and current pools */
+	SOP_RANK_POOL,        /* a pool's lock */
+	SOP_RANK_STATE,       /* a stream state's lock (sstream.c) */
+	SOP_RANK_RECORD,      /* a stream record's lock (order.c) */
+	SOP_RANK_REG,         /* reg_lock (registry.c) */
+	SOP_RANK_HANDLE,      /* handle_lock (registry.c) */
+	SOP_RANK_KEPT,        /* the kept reservations' lock (vmm.c) */
+	SOP_RANK_SEGMENT,     /* a segment's lock */
+	SOP_RANK_LEAF,        /* a pool's leaf_lock (blockmap.c) */
+	SOP_RANK_EPOCH,       /* the epoch lock (epoch.c): retirement takes it under any other */
+};
+
+#if SOP_CHECKS
+/* Check that the thread may take lock of this rank now, and count it held. */
+void sop__rank_take(const void *lock, enum sop__rank rank);
+/* Count a lock a trylock took as held, out of order or not. */
+void sop__rank_took(const void *lock, enum sop__rank rank);
+void sop__rank_drop(const void *lock);
+/* Abort, saying where, unless the thread holds lock. */
+void sop__rank_held(const void *lock, const char *what, const char *file, int line);
+#define SOP_HELD(lock) sop__rank_held((lock), #lock, __FILE__, __LINE__)
+#else
+static inline void
+sop__rank_take(const void *lock, enum sop__rank rank)
+{
+	(void)lock, (void)rank;
+}
+static inline void
+sop__rank_took(const void *lock, enum sop__rank rank)
+{
+	(void)lock, (void)rank;
+}
+static inline void
+sop__rank_drop(const void *lock)
+{
+	(void)lock;
+}
+#define SOP_HELD(lock) ((void)0)
+#endif
+
+/* The mutexes that have a rank, taken and dropped through these. */
+static inline void
+sop__mutex_take(pthread_mutex_t *m, enum sop__rank rank)
+{
+	sop__rank_take(m, rank);
+	pthread_mutex_lock(m);
+}
+
+static inline bool
+sop__mutex_try(pthread_mutex_t *m, enum sop__rank rank)
+{
+	if (pthread_mutex_trylock(m))
+		return false;
+	sop__rank_took(m, rank);
+	return true;
+}
+
+static inline void
+sop__mutex_drop(pthread_mutex_t *m)
+{
+	sop__rank_drop(m);
+	pthread_mutex_unlock(m);
+}
+
 /* ---- A small spin lock for per-stream and per-segment state ------------------------------
  * Held for a few dozen instructions and rarely contended (one thread per stream is the common
  * case), so it beats a mutex. A waiter spins a while, which is all a holder on another core
  * needs, and yields only after that, for a holder that was preempted. */
 struct sop__lock {
 	atomic_int held;
+#if SOP_CHECKS
+	enum sop__rank rank;
+#endif
 };
+
+/* A lock in zeroed memory gets its rank before its first use. */
+static inline void
+sop__lock_init(struct sop__lock *l, enum sop__rank rank)
+{
+	atomic_store_explicit(&l->held, 0, memory_order_relaxed);
+#if SOP_CHECKS
+	l->rank = rank;
+#else
+	(void)rank;
+#endif
+}
+
+#if SOP_CHECKS
+#define SOP_LOCK_RANK(l) ((l)->rank)
+#else
+#define SOP_LOCK_RANK(l) SOP_RANK_NONE
+#endif
 
 static inline void
 sop__cpu_relax(void)
@@ -109,7 +206,7 @@ sop__cpu_relax(void)
 #define SOP_LOCK_SPINS 64
 
 static inline void
-sop__lock_take(struct sop__lock *l)
+sop__lock_spin(struct sop__lock *l)
 {
 	while (atomic_exchange_explicit(&l->held, 1, memory_order_acquire)) {
 		unsigned spins = 0;
@@ -123,8 +220,16 @@ sop__lock_take(struct sop__lock *l)
 }
 
 static inline void
+sop__lock_take(struct sop__lock *l)
+{
+	sop__rank_take(l, SOP_LOCK_RANK(l));
+	sop__lock_spin(l);
+}
+
+static inline void
 sop__lock_drop(struct sop__lock *l)
 {
+	sop__rank_drop(l);
 	atomic_store_explicit(&l->held, 0, memory_order_release);
 }
 
@@ -132,17 +237,21 @@ sop__lock_drop(struct sop__lock *l)
 static inline bool
 sop__lock_try(struct sop__lock *l)
 {
-	return !atomic_load_explicit(&l->held, memory_order_relaxed) &&
-	       !atomic_exchange_explicit(&l->held, 1, memory_order_acquire);
+	if (atomic_load_explicit(&l->held, memory_order_relaxed) ||
+	    atomic_exchange_explicit(&l->held, 1, memory_order_acquire))
+		return false;
+	sop__rank_took(l, SOP_LOCK_RANK(l));
+	return true;
 }
 
 /* Take a lock; true if it had to wait for it. */
 static inline bool
 sop__lock_take_waited(struct sop__lock *l)
 {
+	sop__rank_take(l, SOP_LOCK_RANK(l));
 	if (SOP_LIKELY(!atomic_exchange_explicit(&l->held, 1, memory_order_acquire)))
 		return false;
-	sop__lock_take(l);
+	sop__lock_spin(l);
 	return true;
 }
 
@@ -851,6 +960,7 @@ sop__pool_lock_spun(struct sop_pool *pool)
 {
 	int i;
 
+	sop__rank_take(&pool->lock, SOP_RANK_POOL);
 	for (i = 0; i < SOP_POOL_SPINS; i++) {
 		if (!pthread_mutex_trylock(&pool->lock))
 			return;
@@ -868,8 +978,10 @@ sop__pool_lock_spun(struct sop_pool *pool)
 static inline void
 sop__pool_lock_noting(struct sop_pool *pool)
 {
-	if (SOP_LIKELY(!pthread_mutex_trylock(&pool->lock)))
+	if (SOP_LIKELY(!pthread_mutex_trylock(&pool->lock))) {
+		sop__rank_take(&pool->lock, SOP_RANK_POOL);
 		return;
+	}
 	if (!atomic_load_explicit(&pool->threads_met, memory_order_relaxed))
 		atomic_store_explicit(&pool->threads_met, true, memory_order_relaxed);
 	sop__pool_lock_spun(pool);

@@ -195,6 +195,7 @@ sop__anchor_make(struct sop_pool *pool)
 	CUmemGenericAllocationHandle h;
 	size_t gran = 0;
 
+	SOP_HELD(&pool->lock);
 	pool->anchor_tried = true;
 	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
 	prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
@@ -299,7 +300,7 @@ sop__va_reserve(struct sop_pool *pool)
 {
 	int i;
 
-	pthread_mutex_lock(&kept.lock);
+	sop__mutex_take(&kept.lock, SOP_RANK_KEPT);
 	for (i = kept.n - 1; i >= 0 && !kept_fits(&kept.slot[i], pool); i--)
 		;
 	if (i >= 0) {
@@ -309,7 +310,7 @@ sop__va_reserve(struct sop_pool *pool)
 		pool->va_reused = true;
 		kept.slot[i] = kept.slot[--kept.n];
 	}
-	pthread_mutex_unlock(&kept.lock);
+	sop__mutex_drop(&kept.lock);
 	if (i >= 0)
 		return CUDA_SUCCESS;
 	return SOP_DRV(cuMemAddressReserve)(&pool->va_base, pool->va_size,
@@ -321,19 +322,19 @@ sop__va_claim(void)
 {
 	bool room;
 
-	pthread_mutex_lock(&kept.lock);
+	sop__mutex_take(&kept.lock, SOP_RANK_KEPT);
 	room = kept.n + kept.claimed < kept.max;
 	kept.claimed += room;
-	pthread_mutex_unlock(&kept.lock);
+	sop__mutex_drop(&kept.lock);
 	return room;
 }
 
 void
 sop__va_unclaim(void)
 {
-	pthread_mutex_lock(&kept.lock);
+	sop__mutex_take(&kept.lock, SOP_RANK_KEPT);
 	kept.claimed--;
-	pthread_mutex_unlock(&kept.lock);
+	sop__mutex_drop(&kept.lock);
 }
 
 void
@@ -341,7 +342,7 @@ sop__va_keep(struct sop_pool *pool)
 {
 	struct va_kept *k;
 
-	pthread_mutex_lock(&kept.lock);
+	sop__mutex_take(&kept.lock, SOP_RANK_KEPT);
 	kept.claimed--;
 	k = &kept.slot[kept.n++];
 	k->loc = pool->props.location;
@@ -350,7 +351,7 @@ sop__va_keep(struct sop_pool *pool)
 	k->va = pool->va_base;
 	k->anchor = pool->anchor;
 	k->anchored = pool->anchored;
-	pthread_mutex_unlock(&kept.lock);
+	sop__mutex_drop(&kept.lock);
 	pool->anchored = false;
 }
 
@@ -371,13 +372,13 @@ sop__va_kept(long *reservations, long *anchors, size_t *anchor_bytes)
 
 	*reservations = *anchors = 0;
 	*anchor_bytes = 0;
-	pthread_mutex_lock(&kept.lock);
+	sop__mutex_take(&kept.lock, SOP_RANK_KEPT);
 	for (i = 0; i < kept.n; i++) {
 		++*reservations;
 		*anchors += kept.slot[i].anchored;
 		*anchor_bytes += kept.slot[i].anchored ? kept.slot[i].granularity : 0;
 	}
-	pthread_mutex_unlock(&kept.lock);
+	sop__mutex_drop(&kept.lock);
 }
 
 int
@@ -385,10 +386,10 @@ sop__va_kept_max(int n)
 {
 	int old;
 
-	pthread_mutex_lock(&kept.lock);
+	sop__mutex_take(&kept.lock, SOP_RANK_KEPT);
 	old = kept.max;
 	kept.max = n < 0 ? 0 : n > VA_KEPT ? VA_KEPT : n;
-	pthread_mutex_unlock(&kept.lock);
+	sop__mutex_drop(&kept.lock);
 	return old;
 }
 
@@ -397,7 +398,7 @@ sop__va_kept_free(void)
 {
 	CUresult r = CUDA_SUCCESS, e = CUDA_SUCCESS;
 
-	pthread_mutex_lock(&kept.lock);
+	sop__mutex_take(&kept.lock, SOP_RANK_KEPT);
 	while (kept.n && r == CUDA_SUCCESS) {
 		struct va_kept *k = &kept.slot[kept.n - 1];
 
@@ -410,6 +411,6 @@ sop__va_kept_free(void)
 		if (r == CUDA_SUCCESS)
 			kept.n--;
 	}
-	pthread_mutex_unlock(&kept.lock);
+	sop__mutex_drop(&kept.lock);
 	return r != CUDA_SUCCESS ? r : e;
 }

@@ -5,10 +5,15 @@
  * to pass again.
  *
  * The pool holds every kind of block the walker reads: ALLOC blocks on two streams, a CACHED one
- * between two of them, FREE memory in the heap, a HOLE where growth left room unmapped. Runs on
- * the simulated driver and on a GPU alike (it touches only the host's bookkeeping).
+ * between two of them, FREE memory in the heap, a HOLE where growth left room unmapped. In a
+ * build with -Dchecks=true it also takes locks out of their order (types.h, enum sop__rank), in
+ * child processes, and expects each to abort. Runs on the simulated driver and on a GPU alike
+ * (it touches only the host's bookkeeping).
  */
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "helpers.h"
 
@@ -68,6 +73,94 @@ static void
 set_tag(struct sop__block *b, enum sop__state st)
 {
 	atomic_store(&b->tag, sop__tag(b->addr, st));
+}
+
+#if SOP_CHECKS
+/* In a child, since what it checks aborts: fn(arg) ends in abort (true) or returns. */
+static bool
+aborts(void (*fn)(struct sop__sstream *), struct sop__sstream *ss)
+{
+	int status;
+	pid_t pid;
+
+	fflush(NULL);
+	pid = fork();
+	TH_ASSERT(pid >= 0);
+	if (pid == 0) {
+		fclose(stderr); /* the message is expected */
+		fn(ss);
+		_exit(0);
+	}
+	TH_ASSERT(waitpid(pid, &status, 0) == pid);
+	return WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
+}
+
+static void
+segment_then_pool(struct sop__sstream *ss)
+{
+	(void)ss;
+	sop__lock_take(&pool->segments->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
+}
+
+static void
+two_states(struct sop__sstream *ss)
+{
+	struct sop__sstream *other = pool->streams == ss ? pool->streams->next : pool->streams;
+
+	sop__lock_take(&ss->lock);
+	sop__lock_take(&other->lock);
+}
+
+static void
+pool_twice(struct sop__sstream *ss)
+{
+	(void)ss;
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
+}
+
+static void
+heap_put_unlocked(struct sop__sstream *ss)
+{
+	(void)ss;
+	SOP_HELD(&pool->lock);
+}
+
+/* The sanctioned exception: a trylock under a lock of a higher rank, then the usual order. */
+static void
+state_then_try_pool(struct sop__sstream *ss)
+{
+	sop__lock_take(&ss->lock);
+	if (sop__mutex_try(&pool->lock, SOP_RANK_POOL))
+		sop__mutex_drop(&pool->lock);
+	sop__lock_drop(&ss->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
+	sop__lock_take(&ss->lock);
+	sop__lock_take(&pool->segments->lock);
+	sop__lock_drop(&pool->segments->lock);
+	sop__lock_drop(&ss->lock);
+	sop__mutex_drop(&pool->lock);
+}
+#endif
+
+/* The lock ranks of a checked build (-Dchecks=true): takes out of order abort, as does a
+ * function's lock that is not held; the order itself and a trylock out of it do not. */
+static void
+lock_order(struct sop__sstream *ss)
+{
+#if SOP_CHECKS
+	th_phase("lock order");
+	TH_ASSERT(aborts(segment_then_pool, ss));
+	TH_ASSERT(aborts(two_states, ss));
+	TH_ASSERT(aborts(pool_twice, ss));
+	TH_ASSERT(aborts(heap_put_unlocked, ss));
+	TH_ASSERT(!aborts(state_then_try_pool, ss));
+	printf("checker: lock order checked: ok\n");
+#else
+	(void)ss;
+	printf("checker: lock order not checked in this build (-Dchecks=false)\n");
+#endif
 }
 
 int
@@ -235,6 +328,8 @@ main(void)
 		sop__lock_drop(&bseg->lock);
 		expect_whole("a block the map does not find");
 	}
+
+	lock_order(ss1);
 
 	th_phase("tearing down");
 	TH_OK(sop_free_async(a, s1));

@@ -291,10 +291,10 @@ pieces(sop_pool_t pool)
 	struct sop__segment *seg;
 	size_t n = 0;
 
-	pthread_mutex_lock(&p->lock);
+	sop__mutex_take(&p->lock, SOP_RANK_POOL);
 	for (seg = p->segments; seg; seg = seg->next)
 		n += seg->n_pieces;
-	pthread_mutex_unlock(&p->lock);
+	sop__mutex_drop(&p->lock);
 	return n;
 }
 

@@ -918,13 +918,13 @@ kept_check(sop_pool_t pool, const char *who)
 	struct sop__segment *seg;
 	size_t i, n = 0;
 
-	pthread_mutex_lock(&p->lock);
+	sop__mutex_take(&p->lock, SOP_RANK_POOL);
 	for (seg = p->segments; seg; seg = seg->next)
 		for (i = 0; i < seg->n_pieces; i++)
 			n += seg->pieces[i]->fd_plus1 != 0;
 	EXPECT_EQ(n, p->fds_kept, who);
 	EXPECT_EQ(n <= KEPT, 1, who);
-	pthread_mutex_unlock(&p->lock);
+	sop__mutex_drop(&p->lock);
 }
 
 static int

@@ -539,10 +539,10 @@ meanwhile_run(void *arg)
 
 		m->trimmed = sop_trim_to(m->pool, 0);
 		/* Two retirement passes: the second retires a state idle since the first. */
-		pthread_mutex_lock(&p->lock);
+		sop__mutex_take(&p->lock, SOP_RANK_POOL);
 		sop__sstream_retire_idle(p);
 		sop__sstream_retire_idle(p);
-		pthread_mutex_unlock(&p->lock);
+		sop__mutex_drop(&p->lock);
 	} else {
 		m->grant = th_n_devices > 1 ? sop_pool_set_access(m->pool, &grant, 1) : CUDA_SUCCESS;
 		m->alloc = sop_malloc_from_pool_async(&m->p, MiB, m->pool, m->s);
@@ -695,10 +695,10 @@ in_create_waiter(void *arg)
 		struct sop__sstream *ss;
 		unsigned n = 0;
 
-		pthread_mutex_lock(&p->lock);
+		sop__mutex_take(&p->lock, SOP_RANK_POOL);
 		for (ss = p->streams; ss; ss = ss->next)
 			n += ss->growing != 0;
-		pthread_mutex_unlock(&p->lock);
+		sop__mutex_drop(&p->lock);
 		w->waited = n == 2;
 		if (!w->waited)
 			usleep(1000);
@@ -740,10 +740,10 @@ growing_states(struct sop_pool *p)
 	struct sop__sstream *ss;
 	int n = 0;
 
-	pthread_mutex_lock(&p->lock);
+	sop__mutex_take(&p->lock, SOP_RANK_POOL);
 	for (ss = p->streams; ss; ss = ss->next)
 		n += ss->growing != 0;
-	pthread_mutex_unlock(&p->lock);
+	sop__mutex_drop(&p->lock);
 	return n;
 }
 

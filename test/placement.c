@@ -482,11 +482,11 @@ hot_stays_off_pool_lock(CUstream s1)
 	TH_ASSERT(pthread_create(&t, NULL, hot_alloc_main, &h) == 0);
 	while (atomic_load(&h.phase) != 1)
 		usleep(100);
-	pthread_mutex_lock(&TH_POOL(pool)->lock);
+	sop__mutex_take(&TH_POOL(pool)->lock, SOP_RANK_POOL);
 	atomic_store(&h.phase, 2);
 	for (waited = 0; waited < 5000 && atomic_load(&h.phase) != 3; waited++)
 		usleep(1000);
-	pthread_mutex_unlock(&TH_POOL(pool)->lock);
+	sop__mutex_drop(&TH_POOL(pool)->lock);
 	pthread_join(t, NULL);
 	TH_ASSERT(waited < 5000);
 	TH_ASSERT((char *)h.p >= (char *)h.big && (char *)h.p < (char *)h.big + 64 * MiB);
@@ -560,14 +560,14 @@ met_waiting(struct slow_alloc *h)
 	while (!atomic_load(&h->ready))
 		usleep(100);
 	TH_ASSERT(!atomic_load(&p->threads_met));
-	pthread_mutex_lock(&p->lock);
+	sop__mutex_take(&p->lock, SOP_RANK_POOL);
 	atomic_store(&h->go, true);
 	while (!atomic_load(&h->tid))
 		usleep(100);
 	for (i = 0; i < 100000 && !sleeping(atomic_load(&h->tid)); i++)
 		usleep(100);
 	TH_ASSERT(i < 100000);
-	pthread_mutex_unlock(&p->lock);
+	sop__mutex_drop(&p->lock);
 	pthread_join(t, NULL);
 	return atomic_load(&p->threads_met);
 }

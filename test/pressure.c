@@ -644,7 +644,7 @@ sop_backs(sop_pool_t handle, CUdeviceptr a, size_t size)
 	struct sop__segment *seg;
 	CUdeviceptr at = a, end = a + size;
 
-	pthread_mutex_lock(&pool->lock);
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	for (seg = pool->segments; seg && at < end; seg = seg->next) {
 		size_t i;
 
@@ -658,7 +658,7 @@ sop_backs(sop_pool_t handle, CUdeviceptr a, size_t size)
 		}
 		break;
 	}
-	pthread_mutex_unlock(&pool->lock);
+	sop__mutex_drop(&pool->lock);
 	return at >= end;
 }
 

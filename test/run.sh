@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: installs Meson and Ninja if they are missing, then
 # builds and runs
-#   build/        warnings as errors; every test (the gpu suite runs on a GPU, skips without)
+#   build/        warnings as errors, lock order checked (-Dchecks=true); every test (the gpu
+#                 suite runs on a GPU, skips without)
 #   build-asan/   AddressSanitizer + UndefinedBehaviorSanitizer, the unit suite
 #   build-tsan/   ThreadSanitizer, the unit suite
 #   an install into a staging folder, an example compiled against the installed sop.pc, and the
@@ -65,12 +66,13 @@ run_build() {
 	count "$dir"
 }
 
-run_build build "" -Dwerror=true
+# Every build checks the order locks are taken in (-Dchecks=true, lib/locks.c).
+run_build build "" -Dwerror=true -Dchecks=true
 if [ "${SOP_TEST_QUICK:-0}" != 1 ]; then
-	run_build build-asan "--suite unit" -Dwerror=true -Db_sanitize=address,undefined \
+	run_build build-asan "--suite unit" -Dwerror=true -Dchecks=true \
+		-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug
+	run_build build-tsan "--suite unit" -Dwerror=true -Dchecks=true -Db_sanitize=thread \
 		-Db_lundef=false -Dbuildtype=debug
-	run_build build-tsan "--suite unit" -Dwerror=true -Db_sanitize=thread -Db_lundef=false \
-		-Dbuildtype=debug
 fi
 
 # Installable: install into a staging folder, build the tour against the installed sop.pc.

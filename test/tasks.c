@@ -137,10 +137,10 @@ cached_bytes(sop_pool_t pool)
 	struct sop__sstream *ss;
 	size_t n = 0;
 
-	pthread_mutex_lock(&p->lock);
+	sop__mutex_take(&p->lock, SOP_RANK_POOL);
 	for (ss = p->streams; ss; ss = ss->next)
 		n += sop__sstream_cached(ss);
-	pthread_mutex_unlock(&p->lock);
+	sop__mutex_drop(&p->lock);
 	return n;
 }
 
@@ -180,9 +180,9 @@ refills(void)
 	TH_ASSERT(cached_bytes(pool) > 0);
 	th_stream_destroy(s);
 	for (pass = 0; pass < 2; pass++) {
-		pthread_mutex_lock(&TH_POOL(pool)->lock);
+		sop__mutex_take(&TH_POOL(pool)->lock, SOP_RANK_POOL);
 		sop__sstream_retire_idle(TH_POOL(pool));
-		pthread_mutex_unlock(&TH_POOL(pool)->lock);
+		sop__mutex_drop(&TH_POOL(pool)->lock);
 	}
 	TH_EQ(cached_bytes(pool), 0);
 	TH_CHECK(pool);
@@ -274,7 +274,7 @@ other_pool_untouched(sop_pool_t pool)
 	TH_OK(sop_pool_set_attr(other, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &max));
 	TH_OK(sop_malloc_from_pool_async(&p, 4096, other, s));
 	TH_OK(sop__drv.cuCtxGetCurrent(&r.ctx));
-	pthread_mutex_lock(&TH_POOL(other)->lock);
+	sop__mutex_take(&TH_POOL(other)->lock, SOP_RANK_POOL);
 	TH_EQ(pthread_create(&thread, NULL, runner_main, &r), 0);
 	for (ms = 0; ms < 20000 && !atomic_load(&r.done); ms++)
 		nanosleep(&ts, NULL);
@@ -282,7 +282,7 @@ other_pool_untouched(sop_pool_t pool)
 		fprintf(stderr, "tasks on one pool wait for another pool's lock\n");
 		exit(1);
 	}
-	pthread_mutex_unlock(&TH_POOL(other)->lock);
+	sop__mutex_drop(&TH_POOL(other)->lock);
 	TH_EQ(pthread_join(thread, NULL), 0);
 	TH_OK(sop_free_async(p, s));
 	TH_OK(sop_stream_synchronize(s));
@@ -369,7 +369,7 @@ own_pool_lock(sop_pool_t pool)
 	TH_EQ(pthread_create(&thread, NULL, locked_run_main, &r), 0);
 	while (!atomic_load(&r.ready))
 		nanosleep(&ts, NULL);
-	pthread_mutex_lock(&p->lock);
+	sop__mutex_take(&p->lock, SOP_RANK_POOL);
 	atomic_fetch_add(&p->states_gen, 1);
 	atomic_store(&r.go, true);
 	for (ms = 0; ms < 20000 && !atomic_load(&r.done); ms++)
@@ -378,7 +378,7 @@ own_pool_lock(sop_pool_t pool)
 		fprintf(stderr, "a stream's end or a known stream's request waits for the pool lock\n");
 		exit(1);
 	}
-	pthread_mutex_unlock(&p->lock);
+	sop__mutex_drop(&p->lock);
 	TH_EQ(pthread_join(thread, NULL), 0);
 }
 
