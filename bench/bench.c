@@ -895,6 +895,8 @@ main(int argc, char **argv)
 	if (!env.kernels)
 		note("kernels cannot be launched here: the workloads ran without them");
 
+	if (!env.simulated)
+		wl_settle();
 	for (i = 0; i < N_WORKLOADS; i++) {
 		if (!(wl & 1u << i))
 			continue;

@@ -291,6 +291,8 @@ rng_below(struct rng *r, uint64_t n)
 
 /* ---- workloads.c, replay.c ------------------------------------------------------------------ */
 
+/* Untimed pairs before the first workload, while the machine settles (workloads.c). */
+void wl_settle(void);
 void wl_pair(void);
 void wl_batch(void);
 void wl_random(void);
