@@ -109,15 +109,16 @@ wl_pair(void)
 
 /* ---- settling ------------------------------------------------------------------------------- */
 
-/* The first seconds of a process can run both sides slower. On an H200 the pair's first cases
- * took about twice their later time on both sides, for the first 2.5-8 s after the harness
- * started, even right after other work had kept the machine busy for minutes
- * (results/2026-11-29-h200-a58f5ed-suite/pair-order.txt): timed then, a case measures that
- * state, not the allocators, and the ratio moved with it (7.15x at 256 B, 8.22-8.74x from
- * 4 KiB up, in the run of record at 0898152, where 256 B came first). So a full run starts with
- * SETTLE_S seconds of untimed 4 KiB pairs, sop's pool and the driver's by turns, and its report
- * notes their times in the first and the last second. The cold costs a program pays are the
- * growth workload's, on fresh pools. */
+/* The H200 machines run both sides about half as fast for seconds at a time, and a process's
+ * first seconds were such in five of the six runs of record there before this phase: the pair's
+ * first case (256 B) ran at 7.15x in the one at 0898152, where the sizes after it ran at
+ * 8.22-8.74x, and at 8.86x when timed later in a process
+ * (results/2026-11-29-h200-a58f5ed-suite/pair-order.txt). So a full run starts with SETTLE_S
+ * seconds of untimed 4 KiB pairs, sop's pool and the driver's by turns, and its report notes
+ * their times in the first and the last second. Slow seconds later in a run remain, in the
+ * min-max ranges and in a case's median where they last (the 1 MiB pair of
+ * results/2026-11-29-h200-d09c008/). The cold costs a program pays are the growth workload's,
+ * on fresh pools. */
 #define SETTLE_S 10
 
 void
