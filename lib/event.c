@@ -173,7 +173,7 @@ event_find(CUevent ev, bool create, unsigned *shard)
 {
 	struct event_entry *e, **bucket = event_bucket(ev, shard);
 
-	pthread_mutex_lock(&events[*shard].lock);
+	sop__mutex_take(&events[*shard].lock, SOP_RANK_EVENT);
 	for (e = *bucket; e; e = e->next)
 		if (e->ev == ev)
 			return e;
@@ -234,7 +234,7 @@ sop__event_record(CUevent ev, CUstream stream)
 		else
 			e->clock.n = 0; /* the event's state is unknown: it carries nothing */
 	}
-	pthread_mutex_unlock(&events[shard].lock);
+	sop__mutex_drop(&events[shard].lock);
 	return r;
 }
 
@@ -247,7 +247,7 @@ sop__event_clock(CUevent ev, struct sop__clock *out)
 	e = event_find(ev, false, &shard);
 	if (e)
 		clock_copy(out, &e->clock);
-	pthread_mutex_unlock(&events[shard].lock);
+	sop__mutex_drop(&events[shard].lock);
 	return e != NULL;
 }
 
@@ -260,7 +260,7 @@ sop__event_forget(CUevent ev)
 	e = event_find(ev, false, &shard);
 	if (e)
 		event_drop(shard, e);
-	pthread_mutex_unlock(&events[shard].lock);
+	sop__mutex_drop(&events[shard].lock);
 }
 
 size_t
@@ -270,9 +270,9 @@ sop__events_live(void)
 	unsigned i;
 
 	for (i = 0; i < EVENT_SHARDS; i++) {
-		pthread_mutex_lock(&events[i].lock);
+		sop__mutex_take(&events[i].lock, SOP_RANK_EVENT);
 		n += events[i].n;
-		pthread_mutex_unlock(&events[i].lock);
+		sop__mutex_drop(&events[i].lock);
 	}
 	return n;
 }

@@ -707,17 +707,17 @@ sop__import_pointer(struct sop_pool *pool, const CUmemPoolPtrExportData *data, v
 	memcpy(&d, data, sizeof d);
 	if (!data_ok(pool, data, &d))
 		return CUDA_ERROR_INVALID_VALUE;
-	pthread_mutex_lock(&im->lock);
+	sop__mutex_take(&im->lock, SOP_RANK_IMPORT);
 	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	if (atomic_load(&pool->destroyed) || im->fd < 0) {
 		sop__mutex_drop(&pool->lock);
-		pthread_mutex_unlock(&im->lock);
+		sop__mutex_drop(&im->lock);
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 	reap(pool, false);
 	if (broker_alive(im) && import_local(pool, &d)) {
 		sop__mutex_drop(&pool->lock);
-		pthread_mutex_unlock(&im->lock);
+		sop__mutex_drop(&im->lock);
 		*out = (void *)(uintptr_t)(pool->va_base + d.off);
 		return CUDA_SUCCESS;
 	}
@@ -731,7 +731,7 @@ sop__import_pointer(struct sop_pool *pool, const CUmemPoolPtrExportData *data, v
 		}
 		r = im->fd < 0 ? CUDA_ERROR_INVALID_VALUE : import_once(pool, &d, false, &retry_wait);
 	}
-	pthread_mutex_unlock(&im->lock);
+	sop__mutex_drop(&im->lock);
 	if (r == CUDA_ERROR_NOT_FOUND || r == CUDA_ERROR_ALREADY_MAPPED)
 		/* What the importer still holds of memory the exporter has let go: against the
 		 * driver's rule that importers free first. */
@@ -855,10 +855,10 @@ sop__import_destroy(struct sop_pool *pool)
 	struct sop__import *im = pool->import;
 
 	/* No request in flight from here on: the import's lock orders it after any. */
-	pthread_mutex_lock(&im->lock);
+	sop__mutex_take(&im->lock, SOP_RANK_IMPORT);
 	sop__forget_current(pool); /* marks it destroyed */
 	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	if (!reap(pool, false))
 		sop__mutex_drop(&pool->lock);
-	pthread_mutex_unlock(&im->lock);
+	sop__mutex_drop(&im->lock);
 }

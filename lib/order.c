@@ -488,7 +488,7 @@ spares_take(struct sop__stream *st)
 	unsigned i, k = 0;
 
 	SOP_HELD(&st->lock);
-	pthread_mutex_lock(&spares.lock);
+	sop__mutex_take(&spares.lock, SOP_RANK_SPARES);
 	for (i = spares.n; i-- > 0 && k < SOP_PROBES;) {
 		if (spares.e[i].ctx != st->ctx)
 			continue;
@@ -499,7 +499,7 @@ spares_take(struct sop__stream *st)
 		st->probe[k].ev = spares.e[i].ev;
 		spares.e[i] = spares.e[--spares.n];
 	}
-	pthread_mutex_unlock(&spares.lock);
+	sop__mutex_drop(&spares.lock);
 }
 
 /* Make st's events spares, as far as there is room; destroy the others. Its probes are
@@ -516,7 +516,7 @@ events_give(struct sop__stream *st)
 		return; /* given already, or none made */
 	/* The context is a primary one sop retains: its events are still there. A record of
 	 * another context never made any. */
-	pthread_mutex_lock(&spares.lock);
+	sop__mutex_take(&spares.lock, SOP_RANK_SPARES);
 	for (k = 0; k < SOP_PROBES; k++) {
 		if (st->probe[k].ev && spares.n < SPARE_EVENTS) {
 			spares.e[spares.n].ctx = st->ctx;
@@ -524,7 +524,7 @@ events_give(struct sop__stream *st)
 			st->probe[k].ev = NULL;
 		}
 	}
-	pthread_mutex_unlock(&spares.lock);
+	sop__mutex_drop(&spares.lock);
 	for (k = 0; k < SOP_PROBES; k++) {
 		if (st->probe[k].ev)
 			SOP_DRV(cuEventDestroy)(st->probe[k].ev);
@@ -562,10 +562,10 @@ streams_sweep(void)
 {
 	size_t kept = 0, i, j;
 
-	if (pthread_mutex_trylock(&sweep_lock))
+	if (!sop__mutex_try(&sweep_lock, SOP_RANK_SWEEP))
 		return; /* another thread sweeps */
 	for (i = 0; i < STREAM_SHARDS; i++) {
-		pthread_mutex_lock(&shards[i].lock);
+		sop__mutex_take(&shards[i].lock, SOP_RANK_SHARD);
 		for (j = 0; j < STREAM_BUCKETS; j++) {
 			struct sop__stream **pp = &shards[i].bucket[j], *st;
 			while ((st = *pp)) {
@@ -580,13 +580,13 @@ streams_sweep(void)
 				sop__epoch_retire(&st->retired, stream_free, false);
 			}
 		}
-		pthread_mutex_unlock(&shards[i].lock);
+		sop__mutex_drop(&shards[i].lock);
 	}
 	/* The next sweep after a few hundred records more, or half as many as it kept: the records
 	 * made since are all used then, and a threshold of twice what was kept would keep that
 	 * many for good. Those kept are the held ones, those in use, and the last interval's. */
 	atomic_store(&sweep_at, kept + (kept / 2 > SWEEP_MIN ? kept / 2 : SWEEP_MIN));
-	pthread_mutex_unlock(&sweep_lock);
+	sop__mutex_drop(&sweep_lock);
 }
 
 CUresult
@@ -596,11 +596,11 @@ sop__stream_of(CUstream stream, uint64_t id, bool hold, struct sop__stream **out
 	struct sop__stream *st, *had;
 	CUresult r;
 
-	pthread_mutex_lock(&shards[sh].lock);
+	sop__mutex_take(&shards[sh].lock, SOP_RANK_SHARD);
 	st = stream_find_locked(h, id);
 	if (st && hold)
 		stream_hold(st);
-	pthread_mutex_unlock(&shards[sh].lock);
+	sop__mutex_drop(&shards[sh].lock);
 	if (st) {
 		*out = st;
 		return CUDA_SUCCESS;
@@ -620,7 +620,7 @@ sop__stream_of(CUstream stream, uint64_t id, bool hold, struct sop__stream **out
 	atomic_init(&st->epoch, 1);
 	atomic_init(&st->used, true);
 	pthread_mutex_init(&st->lock, NULL);
-	pthread_mutex_lock(&shards[sh].lock);
+	sop__mutex_take(&shards[sh].lock, SOP_RANK_SHARD);
 	had = stream_find_locked(h, id);
 	if (!had) {
 		struct sop__stream **b = &shards[sh].bucket[h / STREAM_SHARDS % STREAM_BUCKETS];
@@ -630,7 +630,7 @@ sop__stream_of(CUstream stream, uint64_t id, bool hold, struct sop__stream **out
 	}
 	if (hold)
 		stream_hold(had ? had : st);
-	pthread_mutex_unlock(&shards[sh].lock);
+	sop__mutex_drop(&shards[sh].lock);
 	if (had) {
 		pthread_mutex_destroy(&st->lock);
 		free(st);
@@ -668,13 +668,13 @@ sop__stream_find(uint64_t id, uint64_t gen)
 	unsigned h = stream_hash(id), sh = h % STREAM_SHARDS;
 	struct sop__stream *st;
 
-	pthread_mutex_lock(&shards[sh].lock);
+	sop__mutex_take(&shards[sh].lock, SOP_RANK_SHARD);
 	st = stream_find_locked(h, id);
 	if (st && st->gen != gen)
 		st = NULL;
 	if (st)
 		stream_hold(st);
-	pthread_mutex_unlock(&shards[sh].lock);
+	sop__mutex_drop(&shards[sh].lock);
 	return st;
 }
 
@@ -686,7 +686,7 @@ sop__stream_all(uint64_t ctx_id, size_t *n)
 
 	*n = 0;
 	for (i = 0; i < STREAM_SHARDS; i++) {
-		pthread_mutex_lock(&shards[i].lock);
+		sop__mutex_take(&shards[i].lock, SOP_RANK_SHARD);
 		for (j = 0; j < STREAM_BUCKETS; j++) {
 			for (st = shards[i].bucket[j]; st; st = st->hash_next) {
 				/* One no pool's state holds has nothing cached anywhere. */
@@ -703,7 +703,7 @@ sop__stream_all(uint64_t ctx_id, size_t *n)
 				v[k++] = st;
 			}
 		}
-		pthread_mutex_unlock(&shards[i].lock);
+		sop__mutex_drop(&shards[i].lock);
 	}
 	*n = k;
 	return v;
@@ -1037,9 +1037,9 @@ sop__stream_ending(CUstream stream, uint64_t id)
 	unsigned h = stream_hash(id), sh = h % STREAM_SHARDS;
 	struct sop__stream *st;
 
-	pthread_mutex_lock(&shards[sh].lock);
+	sop__mutex_take(&shards[sh].lock, SOP_RANK_SHARD);
 	st = stream_find_locked(h, id);
-	pthread_mutex_unlock(&shards[sh].lock);
+	sop__mutex_drop(&shards[sh].lock);
 	if (st) {
 		sop__probe_all_frees(st, stream);
 		atomic_store(&st->gone, true);

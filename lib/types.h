@@ -100,10 +100,15 @@ sop__round_up(size_t x, size_t to)
 
 enum sop__rank {
 	SOP_RANK_NONE,        /* never: a lock whose rank was not set */
+	SOP_RANK_IMPORT,      /* an imported pool's requests to its exporter (import.c) */
 	SOP_RANK_DEV,         /* sop__dev_lock (registry.c): default and current pools */
 	SOP_RANK_POOL,        /* a pool's lock */
 	SOP_RANK_STATE,       /* a stream state's lock (sstream.c) */
+	SOP_RANK_SWEEP,       /* the record table's sweep (order.c), only ever tried */
+	SOP_RANK_SHARD,       /* a shard of the record table (order.c) */
 	SOP_RANK_RECORD,      /* a stream record's lock (order.c) */
+	SOP_RANK_SPARES,      /* the probe events of freed records (order.c) */
+	SOP_RANK_EVENT,       /* a shard of the event table (event.c) */
 	SOP_RANK_REG,         /* reg_lock (registry.c) */
 	SOP_RANK_HANDLE,      /* handle_lock (registry.c) */
 	SOP_RANK_KEPT,        /* the kept reservations' lock (vmm.c) */
