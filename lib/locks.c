@@ -49,9 +49,20 @@ rank_fail(const char *what, const void *lock, enum sop__rank rank, int other)
 	abort();
 }
 
+/* Count lock held: taken (ordered: every held lock must rank below it) or tried. */
 static void
-push(const void *lock, enum sop__rank rank)
+push(const void *lock, enum sop__rank rank, bool ordered)
 {
+	int i;
+
+	if (rank == SOP_RANK_NONE)
+		rank_fail(ordered ? "taking" : "trying", lock, rank, -1);
+	for (i = 0; i < n_held; i++) {
+		if (held[i].lock == lock)
+			rank_fail(ordered ? "taking again" : "trying again", lock, rank, i);
+		if (ordered && held[i].rank >= rank)
+			rank_fail("taking", lock, rank, i);
+	}
 	if (n_held == HELD_MAX)
 		rank_fail("too many locks held at", lock, rank, n_held - 1);
 	held[n_held].lock = lock;
@@ -62,30 +73,13 @@ push(const void *lock, enum sop__rank rank)
 void
 sop__rank_take(const void *lock, enum sop__rank rank)
 {
-	int i;
-
-	if (rank == SOP_RANK_NONE)
-		rank_fail("taking", lock, rank, -1);
-	for (i = 0; i < n_held; i++) {
-		if (held[i].lock == lock)
-			rank_fail("taking again", lock, rank, i);
-		if (held[i].rank >= rank)
-			rank_fail("taking", lock, rank, i);
-	}
-	push(lock, rank);
+	push(lock, rank, true);
 }
 
 void
 sop__rank_took(const void *lock, enum sop__rank rank)
 {
-	int i;
-
-	if (rank == SOP_RANK_NONE)
-		rank_fail("trying", lock, rank, -1);
-	for (i = 0; i < n_held; i++)
-		if (held[i].lock == lock)
-			rank_fail("trying again", lock, rank, i);
-	push(lock, rank);
+	push(lock, rank, false);
 }
 
 void
