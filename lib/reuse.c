@@ -435,12 +435,20 @@ best_take(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct so
  * the pool within twice its live memory: a pool whose streams come and go (threads that each
  * bring a stream, a stream per task) would otherwise hold a segment per stream seen lately,
  * 20 steps for 32 MiB live on the simulated driver, while the memory they give back lies in
- * segments that their successors do not count as theirs. Pool lock held, no stream's lock. */
+ * segments that their successors do not count as theirs. And only while the pool's used memory
+ * is at its high-water mark (as last folded, at a synchronization or a read of the attribute):
+ * below it, the pool held as much live memory before in what it reserves now, and a growth for
+ * affinity only adds to it. Streams of tasks, whose states come and go below that mark, grew
+ * for affinity to 1.60-1.74 times their live peak at four threads on an H200 (the driver's
+ * exact operations; its pool: 1.33), and with the mark to 1.42-1.53, at the same rate
+ * (bench/results/2026-11-29-h200-affinity-below-high-ab/). Pool lock held, no stream's lock. */
 static bool
 affinity_affordable(struct sop_pool *pool)
 {
-	return atomic_load_explicit(&pool->reserved, memory_order_relaxed) <=
-	       2 * sop__pool_used(pool, SOP_FOLD_NONE);
+	uint64_t used = sop__pool_used(pool, SOP_FOLD_NONE);
+
+	return atomic_load_explicit(&pool->reserved, memory_order_relaxed) <= 2 * used &&
+	       used >= pool->used_high;
 }
 
 /* Once threads meet in a pool, every request a stream's cache cannot serve takes the pool lock,
