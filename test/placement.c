@@ -6,7 +6,8 @@
  * rules alone. Last, segment affinity: which segment a second stream's memory comes from, before
  * and after threads have met in the pool, and that a stream's own memory comes before growth,
  * that its small requests stay off the pool lock, that a stream done with the pool leaves its
- * segments to the others, and that a stream adopts only a part of a large one. */
+ * segments to the others, that it grows for affinity only at the pool's used high-water mark,
+ * and that a stream adopts only a part of a large one. */
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -666,6 +667,46 @@ idle_disowns(CUstream s1, CUstream s2)
 	th_stream_destroy(s3);
 }
 
+/* Growth for affinity stops below the pool's used high-water mark: s1 held 28 MiB at a
+ * synchronization and holds 20 now, so s2, whose 1 MiB fits only in s1's segment, shares it
+ * rather than grow a segment of its own (the memory held more before). Once the mark is reset
+ * to what is live, s3 with the same request grows its own, as affinity has it. */
+static void
+affinity_below_high(CUstream s1, CUstream s2)
+{
+	cuuint64_t keep = UINT64_MAX, zero = 0;
+	sop_pool_t pool = th_pool(0, 0);
+	CUstream s3 = th_stream();
+	void *a, *x, *b, *c;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	TH_OK(sop_malloc_from_pool_async(&a, 20 * MiB, pool, s1));
+	TH_OK(sop_malloc_from_pool_async(&x, 8 * MiB, pool, s1));
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 32 * MiB);
+	TH_OK(sop_stream_synchronize(s1)); /* folds the mark: 28 MiB */
+	TH_OK(sop_free_async(x, s1));
+	TH_OK(sop_stream_synchronize(s1));
+	TH_ASSERT(segment_of(pool, a)->home != NULL); /* 20 of 32 live: still s1's */
+	atomic_store(&TH_POOL(pool)->threads_met, true);
+	TH_OK(sop_malloc_from_pool_async(&b, MiB, pool, s2));
+	TH_ASSERT(segment_of(pool, b) == segment_of(pool, a));
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 32 * MiB);
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero));
+	TH_OK(sop_malloc_from_pool_async(&c, MiB, pool, s3));
+	TH_ASSERT(segment_of(pool, c) != segment_of(pool, a));
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 32 * MiB + SOP_OWN_STEP);
+	TH_CHECK(pool);
+	TH_OK(sop_free_async(a, s1));
+	TH_OK(sop_free_async(b, s2));
+	TH_OK(sop_free_async(c, s3));
+	TH_OK(sop_stream_synchronize(s1));
+	TH_OK(sop_stream_synchronize(s2));
+	TH_OK(sop_stream_synchronize(s3));
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+	th_stream_destroy(s3);
+}
+
 /* The block starting at p: its state and size. */
 static enum sop__state
 block_at(sop_pool_t pool, void *p, size_t *size)
@@ -848,6 +889,7 @@ main(void)
 		hot_stays_off_pool_lock(s);
 		pool_wait_meets(s);
 		idle_disowns(s, s2);
+		affinity_below_high(s, s2);
 		adopt_part(s, s2);
 		others_kept(s, s2);
 		others_asked_at_cap(s, s2);
