@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <sys/time.h>
+#include <sys/resource.h>
 #include <ucontext.h>
 #include "sop.h"
 #define OK(x) do { CUresult r_ = (x); if (r_) { printf("%s: %d line %d\n", #x, r_, __LINE__); exit(1); } } while (0)
@@ -40,6 +41,7 @@ __attribute__((noinline)) void steady(void **live, CUstream s, uint64_t *seed)
 	}
 }
 static double ns[64];
+static struct rusage ru0, ru1; /* the process's, around the timed pass */
 /* SAMPLE=FILE: in the timed pass, each thread takes SIGPROF every 50 us of wall time (a timer of
  * its own); the interrupted instruction's address goes to FILE, then the process's maps
  * (resolved by sample.py). */
@@ -83,12 +85,13 @@ static void *worker(void *a_)
 	for (int i = 0; i < LIVE; i++) OK(sop_malloc_from_pool_async(&live[i], 1 + rs(&seed) % MAX, mypool, s));
 	steady(live, s, &seed); /* warm */
 	pthread_barrier_wait(&bar);
+	if (id == 0) getrusage(RUSAGE_SELF, &ru0);
 	timer_t tm = 0;
 	if (getenv("SAMPLE")) { atomic_store(&sampling, 1); tm = thread_timer(); }
 	double t0 = now(); steady(live, s, &seed); ns[id] = (now() - t0) / K;
 	if (tm) timer_delete(tm);
 	pthread_barrier_wait(&bar);
-	if (id == 0) atomic_store(&sampling, 0);
+	if (id == 0) { atomic_store(&sampling, 0); getrusage(RUSAGE_SELF, &ru1); }
 	for (int i = 0; i < LIVE; i++) OK(sop_free_async(live[i], s));
 	OK(sop_stream_synchronize(s));
 	return NULL;
@@ -111,6 +114,10 @@ int main(int argc, char **argv)
 	for (int i = 0; i < T; i++) pthread_join(th[i], NULL);
 	if (getenv("SAMPLE")) sample_dump(getenv("SAMPLE"));
 	double sum = 0; for (int i = 0; i < T; i++) sum += ns[i];
-	printf("%s%s%d threads, max %zu: %.1f ns/pair per thread (mean)\n", queries ? (rec_every ? "queries+record " : "queries ") : "", own ? "own pools " : "", T, MAX, sum / T);
+	printf("%s%s%d threads, max %zu: %.1f ns/pair per thread (mean)", queries ? (rec_every ? "queries+record " : "queries ") : "", own ? "own pools " : "", T, MAX, sum / T);
+	if (getenv("RUSAGE"))
+		printf("; timed pass: %ld minor faults, %ld voluntary and %ld involuntary switches",
+		       ru1.ru_minflt - ru0.ru_minflt, ru1.ru_nvcsw - ru0.ru_nvcsw, ru1.ru_nivcsw - ru0.ru_nivcsw);
+	printf("\n");
 	return 0;
 }
