@@ -199,6 +199,7 @@ sop__import_pool(int shared, struct sop_pool **out)
 	r = sop__pool_new(&props, false, w.va_size, &pool);
 	if (r == CUDA_SUCCESS && pool->granularity != w.granularity) {
 		/* Pieces could not be mapped at the exporter's offsets. */
+		sop__forget_current(pool);
 		sop__pool_destroy(pool);
 		r = CUDA_ERROR_NOT_SUPPORTED;
 	}
@@ -667,7 +668,8 @@ import_once(struct sop_pool *pool, const struct sop__export_data *d, bool with_h
 	return r;
 }
 
-/* Whether export data is well formed for this pool: every field, the unused ones zero. */
+/* Whether export data is well formed for this pool: every field, the unused ones zero, and a
+ * serial (gen) from 1 on: a freed slot of the board holds 0. */
 static bool
 data_ok(const struct sop_pool *pool, const CUmemPoolPtrExportData *data,
 	const struct sop__export_data *d)
@@ -679,7 +681,7 @@ data_ok(const struct sop_pool *pool, const CUmemPoolPtrExportData *data,
 			return false;
 	return d->magic == SOP_WIRE_MAGIC && d->version == SOP_WIRE_VERSION && !d->zero &&
 	       !d->pad[0] && !d->pad[1] && d->check == sop__share_check(d) &&
-	       d->token == pool->token && d->size && d->off < pool->va_size &&
+	       d->token == pool->token && d->gen && d->size && d->off < pool->va_size &&
 	       d->size <= pool->va_size - d->off;
 }
 
@@ -849,16 +851,20 @@ sop__import_used(struct sop_pool *pool, CUmemPool_attribute attr, void *value, b
 	return CUDA_SUCCESS;
 }
 
-void
+bool
 sop__import_destroy(struct sop_pool *pool)
 {
 	struct sop__import *im = pool->import;
 
 	/* No request in flight from here on: the import's lock orders it after any. */
 	sop__mutex_take(&im->lock, SOP_RANK_IMPORT);
-	sop__forget_current(pool); /* marks it destroyed */
+	if (!sop__forget_current(pool)) { /* marks it destroyed, unless another call did */
+		sop__mutex_drop(&im->lock);
+		return false;
+	}
 	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	if (!reap(pool, false))
 		sop__mutex_drop(&pool->lock);
 	sop__mutex_drop(&im->lock);
+	return true;
 }

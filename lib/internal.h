@@ -298,8 +298,9 @@ sop__host_slot(const CUmemLocation *loc)
 }
 /* A pool is going away: mark it destroyed and make the default current again where it was
  * current, both under the lock that sop__set_current_pool takes, so that no device can be left
- * with a destroyed pool as current. */
-void sop__forget_current(struct sop_pool *pool);
+ * with a destroyed pool as current. False, with nothing changed, if it was marked already: of
+ * destroys that race, one goes on. */
+bool sop__forget_current(struct sop_pool *pool);
 
 /* ---- vmm.c ------------------------------------------------------------------------------- */
 
@@ -765,7 +766,8 @@ sop__split_fit(struct sop_pool *pool, struct sop__bins *bins, size_t size)
  * maxSize call for. */
 CUresult sop__pool_new(const CUmemPoolProps *props, bool is_default, size_t va_size,
 		       struct sop_pool **out);
-/* Mark destroyed and tear down if nothing is left in it. */
+/* A pool marked destroyed (sop__forget_current): give back what nobody uses, and tear it down if
+ * nothing is left in it. */
 void sop__pool_destroy(struct sop_pool *pool);
 /* Tear down if destroyed and empty: give everything back to the driver, unlink the pool from
  * every table and retire it (epoch.c). Pool lock held; returns true if it was torn down (the
@@ -826,8 +828,8 @@ CUresult sop__import_used(struct sop_pool *pool, CUmemPool_attribute attr, void 
  * destroyed import. Pinned. */
 void sop__import_sync(struct sop_pool *pool);
 /* sop_pool_destroy of an imported pool: no more imports; torn down once every imported pointer
- * has been freed and its free has completed. */
-void sop__import_destroy(struct sop_pool *pool);
+ * has been freed and its free has completed. False if another call destroyed it first. */
+bool sop__import_destroy(struct sop_pool *pool);
 
 /* ---- sync.c ------------------------------------------------------------------------------ */
 

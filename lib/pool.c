@@ -294,7 +294,6 @@ sop__pool_reap(struct sop_pool *pool)
 void
 sop__pool_destroy(struct sop_pool *pool)
 {
-	sop__forget_current(pool); /* marks it destroyed */
 	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
 	/* Memory nobody uses goes back now; the rest when its last user lets go. */
 	sop__heap_release(pool, 0, 0);

@@ -284,12 +284,16 @@ sop__registry_snapshot(size_t *n)
 
 /* ---- Default and current pools ------------------------------------------------------------ */
 
-void
+bool
 sop__forget_current(struct sop_pool *pool)
 {
 	int slot;
 
 	sop__mutex_take(&sop__dev_lock, SOP_RANK_DEV);
+	if (atomic_load(&pool->destroyed)) {
+		sop__mutex_drop(&sop__dev_lock);
+		return false;
+	}
 	if (pool->host) {
 		slot = sop__host_slot(&pool->props.location);
 		if (slot >= 0 && atomic_load(&sop__host_current_pools[slot]) == pool)
@@ -302,4 +306,5 @@ sop__forget_current(struct sop_pool *pool)
 	 * reads the table again finds the default. */
 	atomic_store_explicit(&pool->destroyed, true, memory_order_release);
 	sop__mutex_drop(&sop__dev_lock);
+	return true;
 }

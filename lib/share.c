@@ -74,11 +74,14 @@ static uint64_t
 piece_under(const struct sop__segment *seg, CUdeviceptr addr, size_t size);
 static struct sop__segment *segment_of(struct sop_pool *pool, CUdeviceptr addr);
 
-/* Put an exported allocation on the board, if a slot near its place is free. Pool lock held. */
+/* Put an exported allocation on the board, if a slot near its place is free. Pool lock held.
+ * Once at most: an allocation exported again finds its entry anywhere in its probes (a slot
+ * before it may have been freed since), and its free takes off the one entry there is. */
 static void
 board_put(struct sop_pool *pool, const struct sop__export_data *d, uint64_t serial)
 {
 	size_t h = sop__board_hash(d->off), k;
+	struct sop__board_slot *free_slot = NULL;
 
 	if (!board_ensure(pool))
 		return;
@@ -87,14 +90,15 @@ board_put(struct sop_pool *pool, const struct sop__export_data *d, uint64_t seri
 		uint64_t g = atomic_load_explicit(&sl->gen, memory_order_relaxed);
 		if (g == d->gen)
 			return; /* exported before */
-		if (g)
-			continue;
-		atomic_store_explicit(&sl->off, d->off, memory_order_relaxed);
-		atomic_store_explicit(&sl->size, d->size, memory_order_relaxed);
-		atomic_store_explicit(&sl->serial, serial, memory_order_relaxed);
-		atomic_store_explicit(&sl->gen, d->gen, memory_order_release);
-		return;
+		if (!g && !free_slot)
+			free_slot = sl;
 	}
+	if (!free_slot)
+		return;
+	atomic_store_explicit(&free_slot->off, d->off, memory_order_relaxed);
+	atomic_store_explicit(&free_slot->size, d->size, memory_order_relaxed);
+	atomic_store_explicit(&free_slot->serial, serial, memory_order_relaxed);
+	atomic_store_explicit(&free_slot->gen, d->gen, memory_order_release);
 }
 
 void

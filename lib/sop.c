@@ -120,13 +120,16 @@ sop_pool_destroy(sop_pool_t pool)
 	pin = sop__pin();
 	p = pool_usable(pool);
 	if (p && p->imported) {
-		sop__import_destroy(p);
-	} else if (p && !p->is_default) {
-		/* Importers are answered no more: their later imports fail. */
+		if (!sop__import_destroy(p))
+			r = CUDA_ERROR_INVALID_VALUE;
+	} else if (p && !p->is_default && sop__forget_current(p)) {
+		/* Marked destroyed first, so that an export from here on is refused and the broker
+		 * stopped here is the last: importers are answered no more, and their later
+		 * imports fail. */
 		sop__share_stop(p);
 		sop__pool_destroy(p);
 	} else {
-		r = CUDA_ERROR_INVALID_VALUE;
+		r = CUDA_ERROR_INVALID_VALUE; /* also when a racing destroy marked it first */
 	}
 	sop__unpin(pin);
 	sop__epoch_reclaim();
