@@ -33,6 +33,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <cudaTypedefs.h>
@@ -367,17 +368,23 @@ foreign_add(CUmemoryPool pool)
 	pthread_mutex_unlock(&foreign_lock);
 }
 
-static void
-foreign_remove(CUmemoryPool pool)
+/* The driver's destroy of a pool it made, and the handle forgotten, under the lock that
+ * foreign_add takes: a pool made on another thread meanwhile may get the same handle value from
+ * the driver once it is destroyed, and is remembered after this one is forgotten, not before. */
+static CUresult
+foreign_destroy(CUmemoryPool pool)
 {
 	size_t at;
+	CUresult r;
 
 	pthread_mutex_lock(&foreign_lock);
-	if (foreign_find(pool, &at)) {
+	r = FORWARD(cuMemPoolDestroy, pool);
+	if (r == CUDA_SUCCESS && foreign_find(pool, &at)) {
 		foreign[at] = foreign[--n_foreign];
 		atomic_store_explicit(&foreign_count, n_foreign, memory_order_release);
 	}
 	pthread_mutex_unlock(&foreign_lock);
+	return r;
 }
 
 /* A pool handle the driver gave back while sop serves, remembered. (Only then: a forked child,
@@ -557,16 +564,11 @@ cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
 SOP_API CUresult CUDAAPI
 cuMemPoolDestroy(CUmemoryPool pool)
 {
-	CUresult r;
-
 	if (!serving())
 		return FORWARD(cuMemPoolDestroy, pool);
 	if (!foreign_has(pool))
 		return sop_pool_destroy(pool_sop(pool));
-	r = FORWARD(cuMemPoolDestroy, pool);
-	if (r == CUDA_SUCCESS)
-		foreign_remove(pool);
-	return r;
+	return foreign_destroy(pool);
 }
 
 SOP_API CUresult CUDAAPI
@@ -622,14 +624,21 @@ cuMemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool,
 	return FORWARD(cuMemPoolExportToShareableHandle, handle_out, pool, handleType, flags);
 }
 
+/* Whether a handle may be one sop exported: a descriptor of a Unix socket of the kind sop's
+ * broker hands out (sequenced packets). Anything else is the driver's to import or refuse, and
+ * nothing is written into a socket of the program's own kind. */
 static bool
 sop_descriptor(void *handle, CUmemAllocationHandleType handleType)
 {
 	struct stat st;
 	intptr_t fd = (intptr_t)handle;
+	int type = 0, domain = 0;
+	socklen_t n = sizeof type, m = sizeof domain;
 
 	return handleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && fd >= 0 &&
-	       fd <= INT32_MAX && fstat((int)fd, &st) == 0 && S_ISSOCK(st.st_mode);
+	       fd <= INT32_MAX && fstat((int)fd, &st) == 0 && S_ISSOCK(st.st_mode) &&
+	       getsockopt((int)fd, SOL_SOCKET, SO_TYPE, &type, &n) == 0 && type == SOCK_SEQPACKET &&
+	       getsockopt((int)fd, SOL_SOCKET, SO_DOMAIN, &domain, &m) == 0 && domain == AF_UNIX;
 }
 
 SOP_API CUresult CUDAAPI

@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1207,6 +1208,25 @@ test_pools(void)
 			   drv_calls("cuMemPoolImportFromShareableHandle") +
 			   drv_calls("cuMemPoolExportPointer") + drv_calls("cuMemPoolImportPointer"),
 		   d);
+		/* A socket of the program's own, not of sop's kind: the driver's to refuse, and
+		 * nothing is written into it. */
+		{
+			int sv[2], n = 0;
+			char c;
+
+			CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+			d = drv_calls("cuMemPoolImportFromShareableHandle");
+			r = cuMemPoolImportFromShareableHandle(&up, (void *)(uintptr_t)sv[0],
+							       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+			CHECK(r != CUDA_SUCCESS);
+			if (sim)
+				EQ(drv_calls("cuMemPoolImportFromShareableHandle"), d + 1);
+			while (recv(sv[1], &c, 1, MSG_DONTWAIT) == 1)
+				n++;
+			EQ(n, 0);
+			close(sv[0]);
+			close(sv[1]);
+		}
 		/* Not a socket: another process's driver pool, the driver's to import or refuse. */
 		CHECK(pipe(pipefd) == 0);
 		d = drv_calls("cuMemPoolImportFromShareableHandle");
@@ -1231,6 +1251,58 @@ test_pools(void)
 	}
 	driver_pools_untouched();
 	printf("pool handles and attributes: ok\n");
+}
+
+/* ---- Pools the driver makes, made and destroyed on two threads at once --------------------- */
+
+/* The simulated driver hands a destroyed pool's handle to the next pool made, at once (sim-libcuda.c):
+ * a pool made on one thread while another destroys one may get the value the destroy just freed.
+ * The interposer must still know it for the driver's, else calls on it go to sop and fail. */
+#define CHURN_ROUNDS 20000
+
+static atomic_int churn_bad;
+
+static void *
+driver_pool_churn(void *arg)
+{
+	const CUmemPoolProps *props = arg;
+	cuuint64_t v;
+	int i;
+
+	OK(cuCtxSetCurrent(ctx));
+	for (i = 0; i < CHURN_ROUNDS && !atomic_load(&churn_bad); i++) {
+		CUmemoryPool p;
+		CUresult a, b;
+
+		OK(cuMemPoolCreate(&p, props));
+		a = cuMemPoolGetAttribute(p, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v);
+		b = cuMemPoolDestroy(p);
+		if (a != CUDA_SUCCESS || b != CUDA_SUCCESS) {
+			printf("round %d: a pool the driver made: attribute %d, destroy %d\n", i, a, b);
+			atomic_store(&churn_bad, 1);
+		}
+	}
+	return NULL;
+}
+
+static void
+test_driver_pool_churn(void)
+{
+	CUmemPoolProps host_props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+				     .location = {.type = CU_MEM_LOCATION_TYPE_HOST}};
+	pthread_t t[2];
+	int i;
+
+	if (!api.sim_host_vmm) /* only the simulated driver is told to make host pools itself */
+		return;
+	api.sim_host_vmm(0);
+	for (i = 0; i < 2; i++)
+		CHECK(pthread_create(&t[i], NULL, driver_pool_churn, &host_props) == 0);
+	for (i = 0; i < 2; i++)
+		pthread_join(t[i], NULL);
+	api.sim_host_vmm(1);
+	EQ(atomic_load(&churn_bad), 0);
+	printf("driver pools made and destroyed on two threads: ok\n");
 }
 
 /* ---- A thread with no current context ------------------------------------------------------ */
@@ -1490,6 +1562,7 @@ main(int argc, char **argv)
 	test_sync();
 	test_foreign();
 	test_pools();
+	test_driver_pool_churn();
 	test_meminfo();
 	test_no_context();
 	test_stream_memo();

@@ -167,6 +167,9 @@ struct host_pool {
 static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct host_pool host_default = {.is_default = true};
 static struct host_pool *host_pools = &host_default;	/* every live one */
+/* Destroyed ones, the latest first: a create takes the value destroyed most recently, at once, as
+ * a driver may that frees a pool's object and allocates the next one in its place. */
+static struct host_pool *host_spare;
 static struct host_pool *host_current = &host_default;
 
 static bool host_location(const CUmemLocation *loc, CUmemAllocationType type)
@@ -194,10 +197,15 @@ SIM_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolP
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!host_location(&props->location, props->allocType))
 		return CUDA_ERROR_NOT_SUPPORTED;
-	p = calloc(1, sizeof(*p));
-	if (!p)
-		return CUDA_ERROR_OUT_OF_MEMORY;
 	pthread_mutex_lock(&pools_lock);
+	p = host_spare;
+	if (p) {
+		host_spare = p->next;
+		memset(p, 0, sizeof(*p));
+	} else if (!(p = calloc(1, sizeof(*p)))) {
+		pthread_mutex_unlock(&pools_lock);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
 	p->next = host_pools;
 	host_pools = p;
 	pthread_mutex_unlock(&pools_lock);
@@ -217,11 +225,12 @@ SIM_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool)
 			*link = p->next;
 			if (host_current == p)
 				host_current = &host_default;
+			p->next = host_spare;
+			host_spare = p;
 			break;
 		}
 	}
 	pthread_mutex_unlock(&pools_lock);
-	free(p);
 	return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
