@@ -1184,7 +1184,9 @@ cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr
 }
 
 /* For sop's memory: sop's answers alone when it is asked only its attributes, else the
- * driver's answer with sop's written over it. */
+ * driver's answer with sop's written over it. An address of sop's that no live allocation holds
+ * gets the defaults, NULL or 0, and no error, as the driver documents for a pointer that is not
+ * valid (unlike cuPointerGetAttribute). */
 SOP_API CUresult CUDAAPI
 cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
 		       CUdeviceptr ptr)
@@ -1202,8 +1204,8 @@ cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attribut
 		if (!pointer_attr_sop(attributes[i]) || !data[i])
 			continue;
 		mine = pointer_attr(data[i], attributes[i], ptr);
-		if (mine != CUDA_SUCCESS)
-			return mine;
+		if (mine != CUDA_SUCCESS) /* all three are 8 bytes: a handle, an address, a size */
+			memset(data[i], 0, sizeof(CUdeviceptr));
 	}
 	return r;
 }

@@ -405,6 +405,13 @@ test_pointer_attributes(void)
 	EQ(size, 10000);
 	EQ(cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + 10000),
 	   CUDA_ERROR_INVALID_VALUE);
+	/* Past the allocation, for the plural call: no error, and the defaults, as the driver
+	 * answers for a pointer that is not valid. */
+	got = pool, start = 1, size = 1;
+	OK(cuPointerGetAttributes(3, attrs, data, p + 10000));
+	CHECK(got == NULL);
+	EQ(start, 0);
+	EQ(size, 0);
 	got = NULL, start = 0, size = 0;
 	OK(cuPointerGetAttributes(3, attrs, data, p + 5));
 	CHECK(got == pool);
@@ -414,6 +421,11 @@ test_pointer_attributes(void)
 	OK(cuStreamSynchronize(s1));
 	EQ(cuPointerGetAttribute(&got, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p),
 	   CUDA_ERROR_INVALID_VALUE);
+	got = pool, start = 1, size = 1;
+	OK(cuPointerGetAttributes(3, attrs, data, p)); /* freed */
+	CHECK(got == NULL);
+	EQ(start, 0);
+	EQ(size, 0);
 	/* The driver's memory: the driver answers. */
 	OK(cuMemAlloc(&classic, 4096));
 	d = drv_calls("cuPointerGetAttribute");
