@@ -22,4 +22,11 @@ SOP_PRELOAD=/nonexistent/libsop-preload.so "$run" true 2>/dev/null
 [ $? -eq 127 ] || fail "a library that is not there is accepted"
 "$run" 2>/dev/null
 [ $? -eq 2 ] || fail "no usage error without a command"
+# A memory limit that is not a size, or more than 2^64 - 1 bytes, stops it before the program runs.
+for v in 12q 99999999999999999999999 18446744073709551616 18014398509481984k 17179869184g; do
+	SOP_DEVICE_MEMORY_LIMIT=$v "$run" true 2>/dev/null
+	[ $? -eq 2 ] || fail "SOP_DEVICE_MEMORY_LIMIT=$v is accepted"
+done
+SOP_DEVICE_MEMORY_LIMIT=17179869183g SOP_DEVICE_MEMORY_LIMIT_0=018446744073709551615 "$run" true ||
+	fail "a size is refused"
 echo "sop-run: ok"
