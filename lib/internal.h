@@ -840,6 +840,10 @@ CUresult sop__sync_stream(CUstream stream);
  * be retired as soon as nothing is cached or allocated on it. Pinned. */
 void sop__pools_stream_gone(struct sop__stream *st);
 CUresult sop__sync_ctx(void);
+/* The program destroys a context it made through destroy (the driver's cuCtxDestroy, which waits
+ * for the context's work first): once it has, the frees on the context's streams are complete
+ * and their memory reusable, as after a synchronization of it. Returns destroy's code. */
+CUresult sop__sync_ctx_destroy(CUcontext ctx, CUresult(CUDAAPI *destroy)(CUcontext));
 CUresult sop__sync_event(CUevent event);
 
 /* ---- stream.c ---------------------------------------------------------------------------- */

@@ -970,8 +970,19 @@ stream_destroy_v1(CUstream hStream)
 	DESTROYING(hStream, FORWARD(cuStreamDestroy_v1, hStream));
 }
 
-DESTROY_HOOK(cuCtxDestroy, CUcontext, cuCtxDestroy_v2)
-DESTROY_HOOK(ctx_destroy_v1, CUcontext, cuCtxDestroy_v1)
+/* A context the program made: its streams' frees have completed once the driver's destroy, which
+ * waits for the context's work, returns, and their memory goes back to every stream, where nothing
+ * could synchronize those streams again. */
+#define CTX_DESTROY_HOOK(fn, member)                                                              \
+	SOP_API CUresult CUDAAPI fn(CUcontext ctx)                                                 \
+	{                                                                                          \
+		if (!serving())                                                                    \
+			DESTROYING(NULL, FORWARD(member, ctx));                                    \
+		DESTROYING(NULL, drv.member ? sop__sync_ctx_destroy(ctx, drv.member)               \
+					    : drv_missing());                                      \
+	}
+CTX_DESTROY_HOOK(cuCtxDestroy, cuCtxDestroy_v2)
+CTX_DESTROY_HOOK(ctx_destroy_v1, cuCtxDestroy_v1)
 /* The primary context goes with its last release, and with a reset. */
 DESTROY_HOOK(cuDevicePrimaryCtxRelease, CUdevice, cuDevicePrimaryCtxRelease_v2)
 DESTROY_HOOK(primary_release_v1, CUdevice, cuDevicePrimaryCtxRelease_v1)

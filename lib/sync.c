@@ -172,6 +172,39 @@ sop__sync_stream(CUstream stream)
 	return r;
 }
 
+/* The records of the context with this id, held, each marked: frees tagged up to its mark were
+ * called before now. NULL with *n 0 when there are none, or without host memory (then nothing is
+ * learnt: safe). */
+static struct sync_mark *
+ctx_marks(unsigned long long ctx_id, struct sop__stream ***all, size_t *n)
+{
+	struct sync_mark *marks;
+	size_t i;
+
+	*all = sop__stream_all(ctx_id, n); /* held */
+	marks = *n ? calloc(*n, sizeof *marks) : NULL;
+	for (i = 0; marks && i < *n; i++) {
+		marks[i].st = (*all)[i];
+		marks[i].epoch = sop__stream_mark((*all)[i]);
+	}
+	return marks;
+}
+
+/* The context's work that came before the marks has completed (done): their frees are
+ * reusable. Then the records are let go. */
+static void
+ctx_marks_finish(struct sop__stream **all, struct sync_mark *marks, size_t n, bool done)
+{
+	size_t i;
+
+	if (done)
+		sync_complete(marks, marks ? n : 0, true);
+	for (i = 0; i < n; i++)
+		sop__stream_release(all[i]);
+	free(marks);
+	free(all);
+}
+
 CUresult
 sop__sync_ctx(void)
 {
@@ -179,7 +212,7 @@ sop__sync_ctx(void)
 	struct sync_mark *marks;
 	unsigned long long ctx_id;
 	CUcontext ctx = NULL;
-	size_t n, i;
+	size_t n;
 	CUresult r;
 
 	r = SOP_DRV(cuCtxGetCurrent)(&ctx);
@@ -191,19 +224,27 @@ sop__sync_ctx(void)
 	r = SOP_DRV(cuCtxGetId)(ctx, &ctx_id);
 	if (r != CUDA_SUCCESS)
 		return r;
-	all = sop__stream_all(ctx_id, &n); /* held */
-	marks = n ? calloc(n, sizeof *marks) : NULL;
-	for (i = 0; marks && i < n; i++) {
-		marks[i].st = all[i];
-		marks[i].epoch = sop__stream_mark(all[i]);
-	}
+	marks = ctx_marks(ctx_id, &all, &n);
 	r = SOP_DRV(cuCtxSynchronize)();
-	if (r == CUDA_SUCCESS)
-		sync_complete(marks, marks ? n : 0, true); /* without host memory, nothing: safe */
-	for (i = 0; i < n; i++)
-		sop__stream_release(all[i]);
-	free(marks);
-	free(all);
+	ctx_marks_finish(all, marks, n, r == CUDA_SUCCESS);
+	return r;
+}
+
+CUresult
+sop__sync_ctx_destroy(CUcontext ctx, CUresult(CUDAAPI *destroy)(CUcontext))
+{
+	struct sop__stream **all = NULL;
+	struct sync_mark *marks = NULL;
+	unsigned long long ctx_id;
+	size_t n = 0;
+	CUresult r;
+
+	/* A handle the driver does not know (already destroyed, or never a context) is the
+	 * driver's to refuse: nothing is marked. */
+	if (ctx && SOP_DRV(cuCtxGetId)(ctx, &ctx_id) == CUDA_SUCCESS)
+		marks = ctx_marks(ctx_id, &all, &n);
+	r = destroy(ctx);
+	ctx_marks_finish(all, marks, n, r == CUDA_SUCCESS);
 	return r;
 }
 

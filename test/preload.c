@@ -1305,6 +1305,43 @@ test_driver_pool_churn(void)
 	printf("driver pools made and destroyed on two threads: ok\n");
 }
 
+/* ---- A context the program makes and destroys ---------------------------------------------- */
+
+/* Round after round, a context made, a stream of it, an allocation freed on that stream, and the
+ * context destroyed: the driver's destroy waits for the context's work, so the free has
+ * completed, and the next round's allocation takes the same memory. Nothing else could make it
+ * reusable: the stream is gone with its context. */
+static void
+test_ctx_destroy(void)
+{
+	cuuint64_t reserved = 0, first = 0;
+	CUmemoryPool dpool;
+	int i;
+
+	OK(cuDeviceGetDefaultMemPool(&dpool, 0));
+	for (i = 0; i < 8; i++) {
+		CUcontext c, popped;
+		CUdeviceptr p;
+		CUstream s;
+
+		OK(cuCtxCreate(&c, NULL, 0, 0));
+		OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+		OK(cuMemAllocAsync(&p, 64 << 20, s));
+		CHECK(pool_of(p) == dpool);
+		OK(cuMemFreeAsync(p, s));
+		OK(cuCtxPopCurrent(&popped));
+		CHECK(popped == c);
+		OK(cuCtxDestroy(c));
+		OK(cuCtxSetCurrent(ctx));
+		OK(cuMemPoolGetAttribute(dpool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved));
+		if (!i)
+			first = reserved;
+		EQ(reserved, first);
+	}
+	OK(cuMemPoolTrimTo(dpool, 0));
+	printf("contexts made and destroyed: ok\n");
+}
+
 /* ---- A thread with no current context ------------------------------------------------------ */
 
 static void *
@@ -1563,6 +1600,7 @@ main(int argc, char **argv)
 	test_foreign();
 	test_pools();
 	test_driver_pool_churn();
+	test_ctx_destroy();
 	test_meminfo();
 	test_no_context();
 	test_stream_memo();
