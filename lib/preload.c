@@ -248,6 +248,16 @@ sop_start(void)
 	drv_ensure();
 	if (starting)
 		return false;
+	/* Not before the program has initialised the driver: until then its calls get the driver's
+	 * CUDA_ERROR_NOT_INITIALIZED, as they would without sop, and sop does not initialise the
+	 * driver behind it (a parent that forks its workers before it initialises CUDA relies on
+	 * that). The question is asked until sop starts, at most once a call. */
+	if (drv.cuCtxGetCurrent) {
+		CUcontext current;
+
+		if (drv.cuCtxGetCurrent(&current) == CUDA_ERROR_NOT_INITIALIZED)
+			return false;
+	}
 	if (atomic_compare_exchange_strong(&sop_state, &expect, SOP_STARTING)) {
 		starting = true;
 		/* sop__init gives CUDA_ERROR_INVALID_VALUE only for a setting it cannot read (a

@@ -16,6 +16,9 @@
  *   test-preload --meminfo-first
  *                            cuMemGetInfo is the first call the interposer takes over, as in a
  *                            framework that sizes itself at start: it answers
+ *   test-preload --before-init
+ *                            calls it takes over, made before cuInit, get the driver's
+ *                            CUDA_ERROR_NOT_INITIALIZED, and the driver stays uninitialised
  *   test-preload --child     what the exec'd child of the fork test runs
  *
  * test/meson.build runs it under LD_PRELOAD, in the plain build only. On the simulated driver's
@@ -1567,6 +1570,32 @@ main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "";
 
+	if (!strcmp(mode, "--before-init")) {
+		/* Calls sop takes over, made before cuInit: the driver's answer, and the driver is not
+		 * initialised behind the program's back. Then, once it is, sop serves. */
+		CUmemoryPool p0 = NULL;
+		CUdeviceptr x = 0;
+		CUdevice dev;
+		int n = -1;
+
+		EQ(cuStreamSynchronize(NULL), CUDA_ERROR_NOT_INITIALIZED);
+		EQ(cuCtxSynchronize(), CUDA_ERROR_NOT_INITIALIZED);
+		EQ(cuDeviceGetDefaultMemPool(&p0, 0), CUDA_ERROR_NOT_INITIALIZED);
+		EQ(cuMemAllocAsync(&x, 16, NULL), CUDA_ERROR_NOT_INITIALIZED);
+		EQ(cuDeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED);
+		if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS) {
+			printf("skip: no usable CUDA driver\n");
+			return SKIP;
+		}
+		OK(cuDevicePrimaryCtxRetain(&ctx, dev));
+		OK(cuCtxSetCurrent(ctx));
+		OK(cuDeviceGetDefaultMemPool(&p0, dev));
+		OK(cuMemAllocAsync(&x, 16, NULL));
+		OK(cuMemFreeAsync(x, NULL));
+		OK(cuStreamSynchronize(NULL));
+		printf("before-init: ok\n");
+		return 0;
+	}
 	if (!strcmp(mode, "--meminfo-first")) {
 		CUdevice dev;
 		size_t free_bytes = 0, total = 0;
