@@ -446,6 +446,25 @@ sop_reserved(CUdeviceptr addr)
 	return found;
 }
 
+/* After sop_free_async refused memory that is not sop's: whether it had already taken the free
+ * to the driver, as it does on a capturing stream (graph memory), so that the driver's answer
+ * stands and the driver is not asked twice. Asked only on that path, and without a driver call
+ * while no capture is in flight. */
+static bool
+driver_had_free(CUstream stream)
+{
+	struct sop__pin *pin;
+	bool capturing = false;
+
+	if (!sop__capture_possible())
+		return false;
+	pin = sop__pin();
+	if (sop__stream_capturing(stream, &capturing) != CUDA_SUCCESS)
+		capturing = false;
+	sop__unpin(pin);
+	return capturing;
+}
+
 /* ---- Allocation ------------------------------------------------------------------------- */
 
 /* The declarations cuda.h has only for programs built for per-thread default streams. */
@@ -534,7 +553,7 @@ cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 	CUresult r;
 
 	if (serving() && ((r = sop_free_async(ptr_of(dptr), hStream)) != CUDA_ERROR_INVALID_VALUE ||
-			  sop_reserved(dptr)))
+			  sop_reserved(dptr) || driver_had_free(hStream)))
 		return r;
 	return FORWARD(cuMemFreeAsync, dptr, hStream);
 }
@@ -546,7 +565,7 @@ cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 
 	if (serving() && ((r = sop_free_async(ptr_of(dptr), per_thread(hStream))) !=
 				  CUDA_ERROR_INVALID_VALUE ||
-			  sop_reserved(dptr)))
+			  sop_reserved(dptr) || driver_had_free(per_thread(hStream))))
 		return r;
 	return FORWARD(cuMemFreeAsync_ptsz, dptr, hStream);
 }

@@ -381,6 +381,29 @@ test_count(void)
 	printf("captures in flight counted: ok\n");
 }
 
+/* A free on a capturing stream of memory that is neither sop's nor the graph's reaches the driver
+ * once, untouched: the driver refuses it (and may end the capture), as without sop. */
+static void
+test_foreign_free_in_capture(void)
+{
+	unsigned long d;
+	CUgraph graph = NULL;
+	CUresult r;
+	int word;
+
+	if (!sim) /* a real driver may take the refusal as the capture's end: nothing to count */
+		return;
+	OK(cuStreamBeginCapture(s1, CU_STREAM_CAPTURE_MODE_GLOBAL));
+	d = drv_calls("cuMemFreeAsync");
+	r = cuMemFreeAsync((CUdeviceptr)(uintptr_t)&word, s1);
+	CHECK(r != CUDA_SUCCESS);
+	EQ(drv_calls("cuMemFreeAsync"), d + 1);
+	(void)cuStreamEndCapture(s1, &graph);
+	if (graph)
+		OK(cuGraphDestroy(graph));
+	printf("a foreign free in a capture: ok\n");
+}
+
 /* cuPointerGetAttribute(s): sop's pool and the allocation's range for sop's memory; the driver's
  * answer for other memory. */
 static void
@@ -517,6 +540,7 @@ main(void)
 	test_proc_address();
 	test_count();
 	test_pointer_attributes();
+	test_foreign_free_in_capture();
 	test_mem_free();
 	test_no_context();
 	printf("all ok\n");
