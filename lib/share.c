@@ -63,8 +63,9 @@ board_ensure(struct sop_pool *pool)
 		close(fd);
 		return false;
 	}
-	pool->board = m;
 	pool->board_fd_plus1 = fd + 1;
+	/* Published: a free reads it without the pool lock (sop__share_forget). */
+	__atomic_store_n(&pool->board, (struct sop__board_slot *)m, __ATOMIC_RELEASE);
 	return true;
 }
 
@@ -99,6 +100,23 @@ board_put(struct sop_pool *pool, const struct sop__export_data *d, uint64_t seri
 	atomic_store_explicit(&free_slot->size, d->size, memory_order_relaxed);
 	atomic_store_explicit(&free_slot->serial, serial, memory_order_relaxed);
 	atomic_store_explicit(&free_slot->gen, d->gen, memory_order_release);
+}
+
+/* Take an export's entry off the board, if it is there. Pool lock held. */
+static void
+board_take(struct sop_pool *pool, const struct sop__export_data *d)
+{
+	size_t h = sop__board_hash(d->off), k;
+
+	if (!pool->board)
+		return;
+	for (k = 0; k < SOP_BOARD_PROBES; k++) {
+		struct sop__board_slot *sl = &pool->board[(h + k) & (SOP_BOARD_SLOTS - 1)];
+		uint64_t g = d->gen;
+
+		if (atomic_compare_exchange_strong(&sl->gen, &g, 0))
+			return;
+	}
 }
 
 void
@@ -147,6 +165,17 @@ sop__share_pointer(struct sop_pool *pool, CUdeviceptr addr, CUmemPoolPtrExportDa
 	d.gen = __atomic_load_n(&b->gen, __ATOMIC_RELAXED);
 	seg = segment_of(pool, addr);
 	board_put(pool, &d, seg ? piece_under(seg, addr, d.size) : 0);
+	/* A free racing this export claims the block without the pool lock, then reads its serial
+	 * to take it off the board. Either that free comes after this load in the order of the two
+	 * (its claim and its read of the serial are sequentially consistent, this a full fence), and
+	 * then it sees the serial and the entry put above, or this load sees the block claimed, and
+	 * the export takes its entry off itself and is refused, as an export of a freed block is. */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (atomic_load_explicit(&b->tag, memory_order_relaxed) != sop__tag(addr, SOP_BLOCK_ALLOC)) {
+		board_take(pool, &d);
+		sop__mutex_drop(&pool->lock);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
 	sop__mutex_drop(&pool->lock);
 	d.check = sop__share_check(&d);
 	_Static_assert(sizeof d <= sizeof *out, "export data fits the driver's");

@@ -369,12 +369,14 @@ sop__free_async(struct sop_pool *pool, CUdeviceptr addr, CUstream stream)
 			 * descriptor reused for another address never matches. */
 			if (!atomic_compare_exchange_strong_explicit(
 				    &b->tag, &expect, sop__tag(addr, SOP_BLOCK_CACHED),
-				    memory_order_acq_rel, memory_order_acquire)) {
+				    memory_order_seq_cst, memory_order_acquire)) {
 				sop__lock_drop(&ss->lock);
 				return CUDA_ERROR_INVALID_VALUE;
 			}
 			sop__used_sub(b, ss);
-			if (SOP_UNLIKELY(__atomic_load_n(&b->gen, __ATOMIC_RELAXED)))
+			/* Sequentially consistent with the claim, against an export racing this free
+			 * (sop__share_pointer): one of the two sees the other. Plain on x86. */
+			if (SOP_UNLIKELY(__atomic_load_n(&b->gen, __ATOMIC_SEQ_CST)))
 				sop__share_forget(pool, b); /* exported: off the board (share.c) */
 			sop__block_set_owner(b, ss);
 			ss->active = true;

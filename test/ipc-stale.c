@@ -1,6 +1,7 @@
 /* ipc-stale.c - an exported pool's data and teardown, where they meet: export data that names a
- * freed block is refused however it was exported or altered, a pool destroyed while another
- * thread exports it leaves no broker to answer for it, and of destroys that race, one succeeds.
+ * freed block is refused however it was exported or altered, an export racing the block's free
+ * leaves nothing on the board, a pool destroyed while another thread exports it leaves no broker
+ * to answer for it, and of destroys that race, one succeeds.
  * In one process: the pool imported into the process that exports it, as a second process would.
  */
 #include <pthread.h>
@@ -198,6 +199,66 @@ destroy_while_exporting(void)
 	}
 }
 
+struct racing {
+	sop_pool_t pool;
+	pthread_barrier_t bar;
+	void *p;     /* the block of the round; NULL: stop */
+	CUresult r;  /* the export's answer */
+	CUmemPoolPtrExportData data;
+};
+
+static void *
+export_each_round(void *arg)
+{
+	struct racing *x = arg;
+
+	for (;;) {
+		pthread_barrier_wait(&x->bar);
+		if (!x->p)
+			return NULL;
+		x->r = sop_pool_export_pointer(&x->data, x->p);
+		pthread_barrier_wait(&x->bar);
+	}
+}
+
+/* An export racing a free of the same block, round after round (a program's race, but every
+ * call must stay safe): where the export succeeds, the block's entry on the board goes with
+ * its free, so that its data names nothing once the block is handed out again. */
+static void
+export_racing_free(void)
+{
+	int rounds = sim ? 50000 : 5000, i, exported = 0;
+	struct racing x = {.pool = fd_pool()};
+	CUstream st = th_stream();
+	pthread_t t;
+
+	pthread_barrier_init(&x.bar, NULL, 2);
+	TH_ASSERT(pthread_create(&t, NULL, export_each_round, &x) == 0);
+	for (i = 0; i < rounds; i++) {
+		volatile int spin;
+
+		TH_OK(sop_malloc_from_pool_async(&x.p, 4096 + (size_t)(i % 7) * 512, x.pool, st));
+		pthread_barrier_wait(&x.bar);
+		for (spin = 0; spin < (i % 64) * 3; spin++)
+			;
+		TH_OK(sop_free_async(x.p, st));
+		pthread_barrier_wait(&x.bar);
+		TH_ASSERT(x.r == CUDA_SUCCESS || x.r == CUDA_ERROR_INVALID_VALUE);
+		if (x.r == CUDA_SUCCESS) {
+			exported++;
+			TH_EQ(board_entries(x.pool, &x.data), 0);
+		}
+	}
+	x.p = NULL;
+	pthread_barrier_wait(&x.bar);
+	pthread_join(t, NULL);
+	pthread_barrier_destroy(&x.bar);
+	TH_ASSERT(exported > 0);
+	TH_OK(sop_stream_synchronize(st));
+	TH_OK(sop_pool_destroy(x.pool));
+	th_stream_destroy(st);
+}
+
 struct destroying {
 	sop_pool_t pool;
 	pthread_barrier_t *bar;
@@ -265,6 +326,7 @@ main(void)
 	export_again();
 	serial_zero();
 	destroy_while_exporting();
+	export_racing_free();
 	destroy_twice();
 	if (sim) {
 		struct sim_live l = th_live();
