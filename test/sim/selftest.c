@@ -1755,6 +1755,37 @@ static void test_bad_handles_env(void)
 	CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
 }
 
+/* A call naming a destroyed stream's handle that no stream has taken since faults, as in the
+ * driver, unless SOP_SIM_DEAD_STREAMS=error (which the rest of this test sets, to check the
+ * codes such calls get then); one whose handle a new stream took is that stream's. */
+static void test_dead_streams_fault(void)
+{
+	int status = 0;
+	pid_t pid;
+
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		unsigned long long id;
+		CUcontext c;
+		CUstream s, t;
+
+		child_setup();
+		setenv("SOP_SIM_DEAD_STREAMS", "fault", 1);
+		if (!freopen("/dev/null", "w", stderr))
+			_exit(3);
+		if (drv.cuInit(0) || drv.cuDevicePrimaryCtxRetain(&c, 0) || drv.cuCtxSetCurrent(c) ||
+		    drv.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) || drv.cuStreamDestroy(s) ||
+		    drv.cuStreamCreate(&t, CU_STREAM_NON_BLOCKING) || drv.cuStreamDestroy(t))
+			_exit(4);
+		/* Recycled, t took s's value; fresh, s's value names nothing either way. */
+		drv.cuStreamGetId(s, &id);
+		_exit(0);
+	}
+	CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+	CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+}
+
 static void test_before_init(void)
 {
 	int n;
@@ -1765,6 +1796,7 @@ static void test_before_init(void)
 	CHECK_RC(drv.cuInit(1), CUDA_ERROR_INVALID_VALUE);
 	test_no_devices();
 	test_bad_handles_env();
+	test_dead_streams_fault();
 }
 
 /* SOP_SIM_FAIL, set in main: the second cuDeviceGetName fails. */
@@ -1979,6 +2011,8 @@ int main(int argc, char **argv)
 	setenv("SOP_SIM_MEMORY", "64M", 1);
 	setenv("SOP_SIM_GRANULARITY", "2097152", 1);
 	setenv("SOP_SIM_FAIL", "cuDeviceGetName:2:CUDA_ERROR_UNKNOWN", 1);
+	/* The codes calls on dead streams get; test_dead_streams_fault checks the default. */
+	setenv("SOP_SIM_DEAD_STREAMS", "error", 1);
 	load_library();
 
 	run("before-init", test_before_init);

@@ -227,6 +227,23 @@ bool sim_handle_visit(enum sim_handle_kind kind, uint64_t value, void (*fn)(void
 	return hit;
 }
 
+bool sim_handle_dead(enum sim_handle_kind kind, uint64_t value)
+{
+	struct table *t = &tables[kind];
+	uint32_t index;
+	struct slot *slot = slot_of(t, value, &index);
+	bool dead;
+
+	if (!slot)
+		return false;
+	pthread_mutex_lock(&t->lock);
+	/* Handed out (this slot's last value, or an earlier generation of it) and not bound. */
+	dead = slot->last && gen_of(t, value) <= gen_of(t, slot->last) &&
+	       atomic_load_explicit(&slot->value, memory_order_relaxed) != value;
+	pthread_mutex_unlock(&t->lock);
+	return dead;
+}
+
 long sim_handle_count(enum sim_handle_kind kind)
 {
 	return atomic_load_explicit(&tables[kind].bound, memory_order_relaxed);

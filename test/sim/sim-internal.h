@@ -190,6 +190,7 @@ struct sim_config {
 	int ndevices;
 	size_t memory;		/* bytes of device memory per device */
 	size_t granularity;	/* allocation granularity, minimum = recommended */
+	bool dead_streams_fault; /* SOP_SIM_DEAD_STREAMS: fault (the default, as the driver) or error */
 };
 extern struct sim_config sim_cfg;
 
@@ -316,6 +317,9 @@ void *sim_handle_unbind(enum sim_handle_kind kind, uint64_t value, const void *o
  */
 bool sim_handle_visit(enum sim_handle_kind kind, uint64_t value, void (*fn)(void *obj, void *arg),
 		      void *arg);
+/* Whether value was bound once and names nothing now: a destroyed object's handle that no
+ * object has taken since. */
+bool sim_handle_dead(enum sim_handle_kind kind, uint64_t value);
 /* Number of values bound. */
 long sim_handle_count(enum sim_handle_kind kind);
 /* Recycle (the default) or fresh values for later binds; sim_handles_recycle() in sim.h. */

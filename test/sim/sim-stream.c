@@ -655,6 +655,18 @@ static void stream_take(void *obj, void *arg)
 	*(struct sim_stream **)arg = obj;
 }
 
+/* A handle that names no stream. Where it is a destroyed stream's that no stream has taken since,
+ * the driver faults (580: cuStreamGetId, cuStreamGetCtx and cuStreamQuery), and so does the sim
+ * unless SOP_SIM_DEAD_STREAMS=error (sim.c). */
+static CUresult stream_unknown(CUstream handle)
+{
+	if (sim_cfg.dead_streams_fault && sim_handle_dead(SIM_HANDLE_STREAM, SIM_VALUE(handle)))
+		sim_die("sim: stream %p used after its destroy, and no stream was made at its "
+			"handle since: the driver faults here",
+			(void *)handle);
+	return CUDA_ERROR_INVALID_HANDLE;
+}
+
 /* The stream a handle names, with a reference: a special handle, or a live stream. */
 static CUresult stream_get(CUstream handle, struct sim_stream **out)
 {
@@ -667,7 +679,7 @@ static CUresult stream_get(CUstream handle, struct sim_stream **out)
 		return rc;
 	}
 	if (!sim_handle_visit(SIM_HANDLE_STREAM, SIM_VALUE(handle), stream_take, out))
-		return CUDA_ERROR_INVALID_HANDLE;
+		return stream_unknown(handle);
 	return CUDA_SUCCESS;
 }
 
@@ -1048,7 +1060,7 @@ static CUresult stream_info(CUstream handle, struct stream_info *info)
 		return rc;
 	}
 	if (!sim_handle_visit(SIM_HANDLE_STREAM, SIM_VALUE(handle), stream_info_fill, info))
-		return CUDA_ERROR_INVALID_HANDLE;
+		return stream_unknown(handle);
 	return CUDA_SUCCESS;
 }
 
