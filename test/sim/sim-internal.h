@@ -230,6 +230,9 @@ struct sim_thread {
 	 * cache line that other threads write; sim_calls() adds them up.
 	 */
 	atomic_ulong calls[SIM_E_COUNT];
+	/* A destroyed stream's handle this thread names on purpose (sim_stream_dead_ok): it gets
+	 * an error rather than the fault. */
+	uint64_t dead_ok;
 	/* The handle table slot this thread is reading (sim-handle.c), or NULL. */
 	_Atomic(const void *) hazard;
 	struct sim_thread *prev, *next;	/* every thread's state, under sim.c's lock */

@@ -660,11 +660,17 @@ static void stream_take(void *obj, void *arg)
  * unless SOP_SIM_DEAD_STREAMS=error (sim.c). */
 static CUresult stream_unknown(CUstream handle)
 {
-	if (sim_cfg.dead_streams_fault && sim_handle_dead(SIM_HANDLE_STREAM, SIM_VALUE(handle)))
+	if (sim_cfg.dead_streams_fault && SIM_VALUE(handle) != sim_thread(true)->dead_ok &&
+	    sim_handle_dead(SIM_HANDLE_STREAM, SIM_VALUE(handle)))
 		sim_die("sim: stream %p used after its destroy, and no stream was made at its "
 			"handle since: the driver faults here",
 			(void *)handle);
 	return CUDA_ERROR_INVALID_HANDLE;
+}
+
+SIM_EXPORT void sim_stream_dead_ok(CUstream h)
+{
+	sim_thread(true)->dead_ok = SIM_VALUE(h);
 }
 
 /* The stream a handle names, with a reference: a special handle, or a live stream. */
