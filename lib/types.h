@@ -618,12 +618,19 @@ struct sop__stream {
 };
 
 /* A free on st was tagged seq (for events, which prove what they claim with a probe that covers
- * the frees before them). A load, and a store once per epoch. */
+ * the frees before them, and for the probe a stream's destroy records). A load, and once per
+ * epoch a compare-and-swap: frees racing on one stream from two threads, with a store, could
+ * leave the smaller tag, and the destroy would then record no probe for the larger one's free,
+ * which would wait for a synchronization of the context. */
 static inline void
 sop__stream_freed(struct sop__stream *st, uint64_t seq)
 {
-	if (atomic_load_explicit(&st->last_free, memory_order_relaxed) < seq)
-		atomic_store_explicit(&st->last_free, seq, memory_order_relaxed);
+	uint64_t last = atomic_load_explicit(&st->last_free, memory_order_relaxed);
+
+	while (last < seq && !atomic_compare_exchange_weak_explicit(&st->last_free, &last, seq,
+								    memory_order_relaxed,
+								    memory_order_relaxed))
+		;
 }
 
 /* A state of the pool with this handle now holds st, or no longer does (sstream.c). Sequentially
