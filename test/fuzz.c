@@ -1132,6 +1132,9 @@ op_event(struct fuzzer *f)
 	struct pick s = any_stream(f);
 	CUresult r;
 
+	if (!named)
+		th.sim_event_dead_ok(e->h); /* named on purpose, as any_stream's streams */
+
 	switch (pick_n(f, 8)) {
 	case 0:
 		if (e->live) {
@@ -1561,7 +1564,9 @@ fuzz_run(struct fuzzer *f, unsigned long ops)
 	for (f->op = 0; f->op < ops && !f->exhausted; f->op++) {
 		unsigned r = pick_n(f, 100);
 
-		th.sim_stream_dead_ok(NULL); /* no dead handle named on purpose yet */
+		/* No dead handle named on purpose yet. */
+		th.sim_stream_dead_ok(NULL);
+		th.sim_event_dead_ok(NULL);
 		if (r < 30)
 			op_alloc(f);
 		else if (r < 52)

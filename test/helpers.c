@@ -209,6 +209,7 @@ th_init(void)
 	TH_LOAD(dl, sim_fails);
 	TH_LOAD(dl, sim_host_vmm);
 	TH_LOAD(dl, sim_stream_dead_ok);
+	TH_LOAD(dl, sim_event_dead_ok);
 	TH_LOAD(dl, sim_hook);
 	th_is_sim = th.sim_fail != NULL;
 	th_n_devices = sop__device_count();

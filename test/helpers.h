@@ -98,6 +98,7 @@ struct th_driver {
 	__typeof__(sim_fails) *sim_fails;
 	__typeof__(sim_host_vmm) *sim_host_vmm;
 	__typeof__(sim_stream_dead_ok) *sim_stream_dead_ok;
+	__typeof__(sim_event_dead_ok) *sim_event_dead_ok;
 	__typeof__(sim_hook) *sim_hook;
 };
 

@@ -1755,10 +1755,10 @@ static void test_bad_handles_env(void)
 	CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
 }
 
-/* A call naming a destroyed stream's handle that no stream has taken since faults, as in the
- * driver, unless SOP_SIM_DEAD_STREAMS=error (which the rest of this test sets, to check the
- * codes such calls get then); one whose handle a new stream took is that stream's. */
-static void test_dead_streams_fault(void)
+/* A call naming a destroyed stream's or event's handle that no stream or event has taken since
+ * faults, as in the driver, unless SOP_SIM_DEAD_HANDLES=error (which the rest of this test sets,
+ * to check the codes such calls get then). */
+static void test_dead_handles_fault(bool event)
 {
 	int status = 0;
 	pid_t pid;
@@ -1769,17 +1769,23 @@ static void test_dead_streams_fault(void)
 		unsigned long long id;
 		CUcontext c;
 		CUstream s, t;
+		CUevent e, g;
 
 		child_setup();
-		setenv("SOP_SIM_DEAD_STREAMS", "fault", 1);
+		setenv("SOP_SIM_DEAD_HANDLES", "fault", 1);
 		if (!freopen("/dev/null", "w", stderr))
 			_exit(3);
 		if (drv.cuInit(0) || drv.cuDevicePrimaryCtxRetain(&c, 0) || drv.cuCtxSetCurrent(c) ||
 		    drv.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) || drv.cuStreamDestroy(s) ||
-		    drv.cuStreamCreate(&t, CU_STREAM_NON_BLOCKING) || drv.cuStreamDestroy(t))
+		    drv.cuStreamCreate(&t, CU_STREAM_NON_BLOCKING) || drv.cuStreamDestroy(t) ||
+		    drv.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) || drv.cuEventDestroy(e) ||
+		    drv.cuEventCreate(&g, CU_EVENT_DISABLE_TIMING) || drv.cuEventDestroy(g))
 			_exit(4);
-		/* Recycled, t took s's value; fresh, s's value names nothing either way. */
-		drv.cuStreamGetId(s, &id);
+		/* Recycled, t took s's value and g e's; fresh, they name nothing either way. */
+		if (event)
+			drv.cuEventQuery(e);
+		else
+			drv.cuStreamGetId(s, &id);
 		_exit(0);
 	}
 	CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
@@ -1796,7 +1802,8 @@ static void test_before_init(void)
 	CHECK_RC(drv.cuInit(1), CUDA_ERROR_INVALID_VALUE);
 	test_no_devices();
 	test_bad_handles_env();
-	test_dead_streams_fault();
+	test_dead_handles_fault(false);
+	test_dead_handles_fault(true);
 }
 
 /* SOP_SIM_FAIL, set in main: the second cuDeviceGetName fails. */
@@ -2011,8 +2018,8 @@ int main(int argc, char **argv)
 	setenv("SOP_SIM_MEMORY", "64M", 1);
 	setenv("SOP_SIM_GRANULARITY", "2097152", 1);
 	setenv("SOP_SIM_FAIL", "cuDeviceGetName:2:CUDA_ERROR_UNKNOWN", 1);
-	/* The codes calls on dead streams get; test_dead_streams_fault checks the default. */
-	setenv("SOP_SIM_DEAD_STREAMS", "error", 1);
+	/* The codes calls on dead streams get; test_dead_handles_fault checks the default. */
+	setenv("SOP_SIM_DEAD_HANDLES", "error", 1);
 	load_library();
 
 	run("before-init", test_before_init);

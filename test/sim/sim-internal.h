@@ -190,7 +190,7 @@ struct sim_config {
 	int ndevices;
 	size_t memory;		/* bytes of device memory per device */
 	size_t granularity;	/* allocation granularity, minimum = recommended */
-	bool dead_streams_fault; /* SOP_SIM_DEAD_STREAMS: fault (the default, as the driver) or error */
+	bool dead_handles_fault; /* SOP_SIM_DEAD_HANDLES: fault (the default, as the driver) or error */
 };
 extern struct sim_config sim_cfg;
 
@@ -230,9 +230,9 @@ struct sim_thread {
 	 * cache line that other threads write; sim_calls() adds them up.
 	 */
 	atomic_ulong calls[SIM_E_COUNT];
-	/* A destroyed stream's handle this thread names on purpose (sim_stream_dead_ok): it gets
-	 * an error rather than the fault. */
-	uint64_t dead_ok;
+	/* A destroyed stream's and a destroyed event's handle this thread names on purpose
+	 * (sim_stream_dead_ok, sim_event_dead_ok): they get an error rather than the fault. */
+	uint64_t dead_ok, dead_event_ok;
 	/* The handle table slot this thread is reading (sim-handle.c), or NULL. */
 	_Atomic(const void *) hazard;
 	struct sim_thread *prev, *next;	/* every thread's state, under sim.c's lock */

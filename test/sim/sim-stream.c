@@ -657,10 +657,10 @@ static void stream_take(void *obj, void *arg)
 
 /* A handle that names no stream. Where it is a destroyed stream's that no stream has taken since,
  * the driver faults (580: cuStreamGetId, cuStreamGetCtx and cuStreamQuery), and so does the sim
- * unless SOP_SIM_DEAD_STREAMS=error (sim.c). */
+ * unless SOP_SIM_DEAD_HANDLES=error (sim.c). */
 static CUresult stream_unknown(CUstream handle)
 {
-	if (sim_cfg.dead_streams_fault && SIM_VALUE(handle) != sim_thread(true)->dead_ok &&
+	if (sim_cfg.dead_handles_fault && SIM_VALUE(handle) != sim_thread(true)->dead_ok &&
 	    sim_handle_dead(SIM_HANDLE_STREAM, SIM_VALUE(handle)))
 		sim_die("sim: stream %p used after its destroy, and no stream was made at its "
 			"handle since: the driver faults here",
@@ -697,10 +697,27 @@ static void event_take(void *obj, void *arg)
 	*(struct sim_event **)arg = e;
 }
 
+SIM_EXPORT void sim_event_dead_ok(CUevent h)
+{
+	sim_thread(true)->dead_event_ok = SIM_VALUE(h);
+}
+
+/* A handle that names no event: as stream_unknown, for events (580: cuEventQuery,
+ * cuEventSynchronize, cuEventRecord and cuStreamWaitEvent fault on a destroyed one's). */
+static CUresult event_unknown(CUevent handle)
+{
+	if (sim_cfg.dead_handles_fault && SIM_VALUE(handle) != sim_thread(true)->dead_event_ok &&
+	    sim_handle_dead(SIM_HANDLE_EVENT, SIM_VALUE(handle)))
+		sim_die("sim: event %p used after its destroy, and no event was made at its "
+			"handle since: the driver faults here",
+			(void *)handle);
+	return CUDA_ERROR_INVALID_HANDLE;
+}
+
 static CUresult event_get(CUevent handle, struct sim_event **out)
 {
 	if (!sim_handle_visit(SIM_HANDLE_EVENT, SIM_VALUE(handle), event_take, out))
-		return CUDA_ERROR_INVALID_HANDLE;
+		return event_unknown(handle);
 	return CUDA_SUCCESS;
 }
 

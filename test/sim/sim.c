@@ -469,21 +469,22 @@ static void parse_handles_env(void)
 		sim_die("sim: SOP_SIM_HANDLES=%s is neither recycle nor fresh", s);
 }
 
-/* SOP_SIM_DEAD_STREAMS=fault|error: what a call gets that names a destroyed stream's handle, which
- * no stream has taken since. The driver faults there (580: cuStreamGetId, cuStreamGetCtx and
- * cuStreamQuery alike), so that is the default: a library that asks about a handle on its own,
- * after the program may have destroyed its stream, crashes programs. Tests that hand sop dead
- * handles on purpose, to see it pass the driver's answer on, ask for the error. */
-static void parse_dead_streams_env(void)
+/* SOP_SIM_DEAD_HANDLES=fault|error: what a call gets that names a destroyed stream's or event's
+ * handle, which no stream or event has taken since. The driver faults there (580:
+ * cuStreamGetId, cuStreamGetCtx and cuStreamQuery; cuEventQuery, cuEventSynchronize,
+ * cuEventRecord and cuStreamWaitEvent), so that is the default: a library that asks about a
+ * handle on its own, after the program may have destroyed what it named, crashes programs. The
+ * selftest's checks of the codes such calls got ask for the error. */
+static void parse_dead_handles_env(void)
 {
-	const char *s = getenv("SOP_SIM_DEAD_STREAMS");
+	const char *s = getenv("SOP_SIM_DEAD_HANDLES");
 
 	if (!s || !*s || strcmp(s, "fault") == 0)
-		sim_cfg.dead_streams_fault = true;
+		sim_cfg.dead_handles_fault = true;
 	else if (strcmp(s, "error") == 0)
-		sim_cfg.dead_streams_fault = false;
+		sim_cfg.dead_handles_fault = false;
 	else
-		sim_die("sim: SOP_SIM_DEAD_STREAMS=%s is neither fault nor error", s);
+		sim_die("sim: SOP_SIM_DEAD_HANDLES=%s is neither fault nor error", s);
 }
 
 static void read_config(void)
@@ -503,7 +504,7 @@ static void read_config(void)
 	sim_cfg.granularity = (size_t)gran;
 	vmm_us = (unsigned long)env_number("SOP_SIM_VMM_US", 0);
 	parse_handles_env();
-	parse_dead_streams_env();
+	parse_dead_handles_env();
 	/* Unset leaves what sim_host_vmm set (on, unless changed). */
 	host_vmm = env_number("SOP_SIM_HOST_VMM", 2);
 	if (host_vmm == 0 || host_vmm == 1)

@@ -99,12 +99,14 @@ void sim_host_vmm(int on);
 
 /*
  * A call that names a destroyed stream's handle which no stream has taken since faults, as on
- * the driver (SOP_SIM_DEAD_STREAMS). After sim_stream_dead_ok(h), calls of this thread that
+ * the driver (SOP_SIM_DEAD_HANDLES). After sim_stream_dead_ok(h), calls of this thread that
  * name h get CUDA_ERROR_INVALID_HANDLE instead, until the next sim_stream_dead_ok (NULL: none):
  * for a test that hands a library such a handle on purpose, where a call on any other dead
  * handle, which the library would have asked about on its own, still faults.
  */
 void sim_stream_dead_ok(CUstream h);
+/* The same for a destroyed event's handle. */
+void sim_event_dead_ok(CUevent h);
 
 #ifdef __cplusplus
 }
