@@ -199,6 +199,14 @@ _Noreturn void sim_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)
 
 /* ---- per-thread state (sim.c) ---- */
 
+/* The kinds of handle values (sim-handle.c). */
+enum sim_handle_kind {
+	SIM_HANDLE_STREAM,
+	SIM_HANDLE_EVENT,
+	SIM_HANDLE_CONTEXT,
+	SIM_HANDLE_KINDS
+};
+
 struct sim_ctx;
 struct sim_stream;
 struct sim_event;
@@ -230,9 +238,9 @@ struct sim_thread {
 	 * cache line that other threads write; sim_calls() adds them up.
 	 */
 	atomic_ulong calls[SIM_E_COUNT];
-	/* A destroyed stream's and a destroyed event's handle this thread names on purpose
-	 * (sim_stream_dead_ok, sim_event_dead_ok): they get an error rather than the fault. */
-	uint64_t dead_ok, dead_event_ok;
+	/* A destroyed stream's and a destroyed event's handle this thread names on purpose, by
+	 * kind (sim_stream_dead_ok, sim_event_dead_ok): they get an error rather than the fault. */
+	uint64_t dead_ok[SIM_HANDLE_KINDS];
 	/* The handle table slot this thread is reading (sim-handle.c), or NULL. */
 	_Atomic(const void *) hazard;
 	struct sim_thread *prev, *next;	/* every thread's state, under sim.c's lock */
@@ -292,13 +300,6 @@ void sim_ctx_put(struct sim_ctx *ctx);
 
 /* A CUstream, CUevent or CUcontext as the number it is. */
 #define SIM_VALUE(handle) ((uint64_t)(uintptr_t)(handle))
-
-enum sim_handle_kind {
-	SIM_HANDLE_STREAM,
-	SIM_HANDLE_EVENT,
-	SIM_HANDLE_CONTEXT,
-	SIM_HANDLE_KINDS
-};
 
 /*
  * Binds obj to a free handle value of its kind: in recycle mode the one freed

@@ -655,22 +655,30 @@ static void stream_take(void *obj, void *arg)
 	*(struct sim_stream **)arg = obj;
 }
 
-/* A handle that names no stream. Where it is a destroyed stream's that no stream has taken since,
- * the driver faults (580: cuStreamGetId, cuStreamGetCtx and cuStreamQuery), and so does the sim
- * unless SOP_SIM_DEAD_HANDLES=error (sim.c). */
-static CUresult stream_unknown(CUstream handle)
+/* A handle that names no stream, or no event. Where it is a destroyed one's that nothing has
+ * taken since, the driver faults (580: cuStreamGetId, cuStreamGetCtx, cuStreamQuery;
+ * cuEventQuery, cuEventSynchronize, cuEventRecord, cuStreamWaitEvent), and so does the sim
+ * unless SOP_SIM_DEAD_HANDLES=error (sim.c) or this thread named it on purpose. */
+static CUresult handle_unknown(enum sim_handle_kind kind, uint64_t value)
 {
-	if (sim_cfg.dead_handles_fault && SIM_VALUE(handle) != sim_thread(true)->dead_ok &&
-	    sim_handle_dead(SIM_HANDLE_STREAM, SIM_VALUE(handle)))
-		sim_die("sim: stream %p used after its destroy, and no stream was made at its "
-			"handle since: the driver faults here",
-			(void *)handle);
+	const char *what = kind == SIM_HANDLE_STREAM ? "stream" : "event";
+
+	if (sim_cfg.dead_handles_fault && value != sim_thread(true)->dead_ok[kind] &&
+	    sim_handle_dead(kind, value))
+		sim_die("sim: %s %p used after its destroy, and no %s was made at its handle "
+			"since: the driver faults here",
+			what, (void *)(uintptr_t)value, what);
 	return CUDA_ERROR_INVALID_HANDLE;
 }
 
 SIM_EXPORT void sim_stream_dead_ok(CUstream h)
 {
-	sim_thread(true)->dead_ok = SIM_VALUE(h);
+	sim_thread(true)->dead_ok[SIM_HANDLE_STREAM] = SIM_VALUE(h);
+}
+
+SIM_EXPORT void sim_event_dead_ok(CUevent h)
+{
+	sim_thread(true)->dead_ok[SIM_HANDLE_EVENT] = SIM_VALUE(h);
 }
 
 /* The stream a handle names, with a reference: a special handle, or a live stream. */
@@ -685,7 +693,7 @@ static CUresult stream_get(CUstream handle, struct sim_stream **out)
 		return rc;
 	}
 	if (!sim_handle_visit(SIM_HANDLE_STREAM, SIM_VALUE(handle), stream_take, out))
-		return stream_unknown(handle);
+		return handle_unknown(SIM_HANDLE_STREAM, SIM_VALUE(handle));
 	return CUDA_SUCCESS;
 }
 
@@ -697,27 +705,10 @@ static void event_take(void *obj, void *arg)
 	*(struct sim_event **)arg = e;
 }
 
-SIM_EXPORT void sim_event_dead_ok(CUevent h)
-{
-	sim_thread(true)->dead_event_ok = SIM_VALUE(h);
-}
-
-/* A handle that names no event: as stream_unknown, for events (580: cuEventQuery,
- * cuEventSynchronize, cuEventRecord and cuStreamWaitEvent fault on a destroyed one's). */
-static CUresult event_unknown(CUevent handle)
-{
-	if (sim_cfg.dead_handles_fault && SIM_VALUE(handle) != sim_thread(true)->dead_event_ok &&
-	    sim_handle_dead(SIM_HANDLE_EVENT, SIM_VALUE(handle)))
-		sim_die("sim: event %p used after its destroy, and no event was made at its "
-			"handle since: the driver faults here",
-			(void *)handle);
-	return CUDA_ERROR_INVALID_HANDLE;
-}
-
 static CUresult event_get(CUevent handle, struct sim_event **out)
 {
 	if (!sim_handle_visit(SIM_HANDLE_EVENT, SIM_VALUE(handle), event_take, out))
-		return event_unknown(handle);
+		return handle_unknown(SIM_HANDLE_EVENT, SIM_VALUE(handle));
 	return CUDA_SUCCESS;
 }
 
@@ -1083,7 +1074,7 @@ static CUresult stream_info(CUstream handle, struct stream_info *info)
 		return rc;
 	}
 	if (!sim_handle_visit(SIM_HANDLE_STREAM, SIM_VALUE(handle), stream_info_fill, info))
-		return stream_unknown(handle);
+		return handle_unknown(SIM_HANDLE_STREAM, SIM_VALUE(handle));
 	return CUDA_SUCCESS;
 }
 
