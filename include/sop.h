@@ -83,8 +83,12 @@ CUresult sop_pool_destroy(sop_pool_t pool);
  * USED_MEM_CURRENT/HIGH. The *_CURRENT attributes are read-only; a *_HIGH attribute accepts only
  * 0, which resets the watermark to the current value. Used memory counts the exact requested
  * bytes of live allocations and drops at the free call; reserved memory is the physical memory
- * the pool holds. Returns CUDA_SUCCESS or CUDA_ERROR_INVALID_VALUE (NULL argument, unknown
- * attribute, read-only attribute, non-zero watermark write). */
+ * the pool holds. The read-only properties CUDA 13.2 added are answered by their ids, which the
+ * 13.0 headers lack: 9 ALLOCATION_TYPE, 10 EXPORT_HANDLE_TYPES (none for an imported pool),
+ * 11 LOCATION_ID and 12 LOCATION_TYPE (int or enum, four bytes), 13 MAX_POOL_SIZE (cuuint64_t:
+ * the cap rounded up to the granularity, 0 for none) and 14 HW_DECOMPRESS_ENABLED (int, 0).
+ * Returns CUDA_SUCCESS or CUDA_ERROR_INVALID_VALUE (NULL argument, unknown attribute, read-only
+ * attribute, non-zero watermark write). */
 CUresult sop_pool_set_attr(sop_pool_t pool, CUmemPool_attribute attr, void *value);
 CUresult sop_pool_get_attr(sop_pool_t pool, CUmemPool_attribute attr, void *value);
 

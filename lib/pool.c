@@ -329,6 +329,53 @@ reuse_attr(struct sop_pool *pool, CUmemPool_attribute attr)
 	}
 }
 
+/* The pool's properties as attributes, read-only, with the ids and types CUDA 13.2 gave them
+ * (the 13.0 headers sop builds against lack them): the allocation type, the handle types it
+ * exports (none for an imported pool, which cannot export again), its location's type and id,
+ * its cap rounded to the granularity as the pool applies it (0: none), and whether hardware
+ * decompression is on (never: sop makes no pool with a usage). */
+enum {
+	ATTR_ALLOCATION_TYPE = 9,
+	ATTR_EXPORT_HANDLE_TYPES = 10,
+	ATTR_LOCATION_ID = 11,
+	ATTR_LOCATION_TYPE = 12,
+	ATTR_MAX_POOL_SIZE = 13,
+	ATTR_HW_DECOMPRESS_ENABLED = 14,
+};
+
+/* CUDA_ERROR_INVALID_VALUE: not one of them. */
+static CUresult
+property_attr(const struct sop_pool *pool, int attr, void *value)
+{
+	cuuint64_t max = pool->max_size;
+	int i;
+
+	switch (attr) {
+	case ATTR_ALLOCATION_TYPE:
+		i = (int)pool->props.allocType;
+		break;
+	case ATTR_EXPORT_HANDLE_TYPES:
+		i = pool->imported ? (int)CU_MEM_HANDLE_TYPE_NONE : (int)pool->props.handleTypes;
+		break;
+	case ATTR_LOCATION_ID:
+		i = pool->props.location.id;
+		break;
+	case ATTR_LOCATION_TYPE:
+		i = (int)pool->props.location.type;
+		break;
+	case ATTR_MAX_POOL_SIZE:
+		memcpy(value, &max, sizeof max);
+		return CUDA_SUCCESS;
+	case ATTR_HW_DECOMPRESS_ENABLED:
+		i = 0;
+		break;
+	default:
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	memcpy(value, &i, sizeof i);
+	return CUDA_SUCCESS;
+}
+
 CUresult
 sop__pool_get_attr(struct sop_pool *pool, CUmemPool_attribute attr, void *value)
 {
@@ -362,7 +409,7 @@ sop__pool_get_attr(struct sop_pool *pool, CUmemPool_attribute attr, void *value)
 		sop__mutex_drop(&pool->lock);
 		break;
 	default:
-		return CUDA_ERROR_INVALID_VALUE;
+		return property_attr(pool, (int)attr, value);
 	}
 	memcpy(value, &v, sizeof v);
 	return CUDA_SUCCESS;
@@ -403,7 +450,8 @@ sop__pool_set_attr(struct sop_pool *pool, CUmemPool_attribute attr, void *value)
 		sop__mutex_drop(&pool->lock);
 		return CUDA_SUCCESS;
 	default:
-		/* The *_CURRENT statistics are read-only; anything else is unknown. */
+		/* The *_CURRENT statistics and the properties are read-only; anything else is
+		 * unknown. */
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 }

@@ -591,7 +591,7 @@ op_attr(struct fuzzer *f)
 			  CUDA_ERROR_INVALID_VALUE);
 		w = 77;
 		EXPECT_RC(f,
-			  sop_pool_get_attr(p->h, (CUmemPool_attribute)(9 + pick_n(f, 1000)), &w),
+			  sop_pool_get_attr(p->h, (CUmemPool_attribute)(15 + pick_n(f, 1000)), &w),
 			  CUDA_ERROR_INVALID_VALUE);
 		EXPECT(f, w == 77, "out-parameter written");
 		break;

@@ -396,6 +396,19 @@ th_attr(sop_pool_t pool, CUmemPool_attribute attr)
 	return v;
 }
 
+int
+th_attr_int(sop_pool_t pool, int attr)
+{
+	unsigned char buf[8];
+	int v;
+
+	memset(buf, 0xa5, sizeof buf);
+	TH_OK(sop_pool_get_attr(pool, (CUmemPool_attribute)attr, buf));
+	TH_EQ(buf[sizeof v], 0xa5); /* nothing written past the int */
+	memcpy(&v, buf, sizeof v);
+	return v;
+}
+
 sop_pool_t
 th_pool(int device, size_t max_size)
 {

@@ -154,6 +154,8 @@ void th_gate_wait_reached(struct th_gate *g);
 
 /* Statistics of a pool. */
 uint64_t th_attr(sop_pool_t pool, CUmemPool_attribute attr);
+/* An attribute of type int (or an enum), by id: also those of CUDA 13.2 the headers lack. */
+int th_attr_int(sop_pool_t pool, int attr);
 /* A fresh pool on device with optional cap; release threshold as given. */
 sop_pool_t th_pool(int device, size_t max_size);
 

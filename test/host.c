@@ -428,6 +428,11 @@ locations(CUstream s)
 	TH_EQ(sop_pool_destroy(def), CUDA_ERROR_INVALID_VALUE);
 	TH_OK(sop_mem_get_pool(&cur, &host, CU_MEM_ALLOCATION_TYPE_PINNED));
 	TH_ASSERT(cur == def);
+	/* Its location as CUDA 13.2's read-only attributes give it (LOCATION_ID 11, LOCATION_TYPE
+	 * 12, EXPORT_HANDLE_TYPES 10): a host pool exports nothing. */
+	TH_EQ(th_attr_int(def, 12), CU_MEM_LOCATION_TYPE_HOST);
+	TH_EQ(th_attr_int(def, 11), 0);
+	TH_EQ(th_attr_int(def, 10), CU_MEM_HANDLE_TYPE_NONE);
 	TH_OK(sop_malloc_from_pool_async(&p, 4096, def, s));
 	TH_OK(sop_stream_synchronize(s));
 	memset(p, 1, 4096);

@@ -296,6 +296,11 @@ import_refusals(sop_pool_t ipool)
 	TH_EQ(sop_pool_export_to_shareable_handle(&sv[0], ipool, POSIX_FD, 0),
 	      CUDA_ERROR_INVALID_VALUE);
 	TH_OK(sop_trim_to(ipool, 0));
+	/* CUDA 13.2's EXPORT_HANDLE_TYPES (10) says so; LOCATION_TYPE (12) and ALLOCATION_TYPE (9)
+	 * are the exporter's. */
+	TH_EQ(th_attr_int(ipool, 10), CU_MEM_HANDLE_TYPE_NONE);
+	TH_EQ(th_attr_int(ipool, 12), CU_MEM_LOCATION_TYPE_DEVICE);
+	TH_EQ(th_attr_int(ipool, 9), CU_MEM_ALLOCATION_TYPE_PINNED);
 
 	/* Forged data. */
 	for (i = 0; i < sizeof junk.reserved; i++)

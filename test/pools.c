@@ -1,6 +1,8 @@
 /* pools.c - default and current pools, pools on several devices, and destroying a pool that
  * still has live allocations (they stay valid until freed; the pool's memory goes back once the
  * last free has completed; the device's default pool becomes current again). */
+#include <string.h>
+
 #include "helpers.h"
 
 #define MiB ((size_t)1 << 20)
@@ -146,6 +148,53 @@ several_devices(void)
 	th_stream_destroy(s);
 }
 
+/* CUDA 13.2's read-only properties (attribute ids 9-14, which the 13.0 headers lack): what the
+ * pool was made with, the cap as the pool rounds it. */
+enum { ALLOC_TYPE = 9, EXPORT_TYPES, LOCATION_ID, LOCATION_TYPE, MAX_SIZE, HW_DECOMPRESS };
+
+static void
+properties(void)
+{
+	const size_t cap = (size_t)100 << 20, cap_pad = cap + 12345;
+	CUmemPoolProps props;
+	sop_pool_t pool, def;
+	cuuint64_t max;
+	int d, a;
+
+	for (d = 0; d < th_n_devices; d++) {
+		TH_OK(sop_device_get_default_pool(&def, d));
+		TH_EQ(th_attr_int(def, ALLOC_TYPE), CU_MEM_ALLOCATION_TYPE_PINNED);
+		TH_EQ(th_attr_int(def, EXPORT_TYPES), CU_MEM_HANDLE_TYPE_NONE);
+		TH_EQ(th_attr_int(def, LOCATION_ID), d);
+		TH_EQ(th_attr_int(def, LOCATION_TYPE), CU_MEM_LOCATION_TYPE_DEVICE);
+		TH_EQ(th_attr_int(def, HW_DECOMPRESS), 0);
+		TH_EQ(th_attr(def, (CUmemPool_attribute)MAX_SIZE), 0); /* no cap */
+
+		memset(&props, 0, sizeof props);
+		props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+		props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		props.location.id = d;
+		props.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+		props.maxSize = cap_pad;
+		TH_OK(sop_pool_create(&pool, &props));
+		TH_EQ(th_attr_int(pool, EXPORT_TYPES), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+		TH_EQ(th_attr_int(pool, LOCATION_ID), d);
+		/* Rounded up to the granularity (2 MiB on the simulated driver and the GPUs sop
+		 * has run on), as the driver says its figure may be. */
+		max = th_attr(pool, (CUmemPool_attribute)MAX_SIZE);
+		TH_ASSERT(max >= cap_pad && max <= cap + ((size_t)2 << 20) && max % 4096 == 0);
+		/* Read-only: a write is refused and changes nothing. */
+		for (a = ALLOC_TYPE; a <= HW_DECOMPRESS; a++) {
+			cuuint64_t v = 0;
+			TH_EQ(sop_pool_set_attr(pool, (CUmemPool_attribute)a, &v),
+			      CUDA_ERROR_INVALID_VALUE);
+		}
+		TH_EQ(th_attr(pool, (CUmemPool_attribute)MAX_SIZE), max);
+		TH_EQ(th_attr_int(pool, ALLOC_TYPE), CU_MEM_ALLOCATION_TYPE_PINNED);
+		TH_OK(sop_pool_destroy(pool));
+	}
+}
+
 int
 main(void)
 {
@@ -156,6 +205,7 @@ main(void)
 	default_and_current(s);
 	destroy_live(s);
 	several_devices();
+	properties();
 	th_stream_destroy(s);
 	printf("pools: ok\n");
 	return 0;
