@@ -117,7 +117,10 @@ CUresult sop_device_get_default_pool(sop_pool_t *pool, CUdevice device);
  * device. Returns CUDA_ERROR_INVALID_DEVICE for a bad ordinal, CUDA_ERROR_INVALID_VALUE for a
  * pool of another device. */
 CUresult sop_device_set_pool(CUdevice device, sop_pool_t pool);
-/* The last pool set for device, else its default pool. */
+/* The last pool set for device, else its default pool. Under the interposer (sop-run), while
+ * the program has made a pool of the driver's the device's current pool, this, sop_mem_get_pool
+ * and sop_malloc_async for the device give CUDA_ERROR_NOT_SUPPORTED, and the interposer hands the
+ * program's calls to the driver. */
 CUresult sop_device_get_pool(sop_pool_t *pool, CUdevice device);
 
 /* The same by location, as cuMemGetDefaultMemPool, cuMemGetMemPool and cuMemSetMemPool of CUDA 13

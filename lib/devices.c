@@ -46,7 +46,12 @@ default_in(_Atomic(struct sop_pool *) *def, CUmemLocationType type, int id, stru
 	return r;
 }
 
-/* The current pool: the one set in *cur, else the default. */
+/* What an entry of the current pools holds while the location's current pool is one sop did not
+ * make (sop__set_current_foreign): no pool, never read through. */
+#define CURRENT_FOREIGN ((struct sop_pool *)(uintptr_t)1)
+
+/* The current pool: the one set in *cur, else the default; CUDA_ERROR_NOT_SUPPORTED while it is
+ * not sop's. */
 static CUresult
 current_in(_Atomic(struct sop_pool *) *cur, _Atomic(struct sop_pool *) *def,
 	   CUmemLocationType type, int id, struct sop_pool **out)
@@ -54,6 +59,8 @@ current_in(_Atomic(struct sop_pool *) *cur, _Atomic(struct sop_pool *) *def,
 	struct sop_pool *p = atomic_load_explicit(cur, memory_order_acquire);
 
 	if (p) {
+		if (SOP_UNLIKELY(p == CURRENT_FOREIGN))
+			return CUDA_ERROR_NOT_SUPPORTED;
 		*out = p;
 		return CUDA_SUCCESS;
 	}
@@ -103,6 +110,30 @@ sop__set_current_pool(CUdevice device, struct sop_pool *pool)
 	if (pool->host || pool->device != device)
 		return CUDA_ERROR_INVALID_VALUE;
 	return set_current_in(&sop__current_pools[device], pool);
+}
+
+CUresult
+sop__set_current_foreign(const CUmemLocation *loc, bool on)
+{
+	_Atomic(struct sop_pool *) *cur;
+	int slot;
+
+	if (loc->type == CU_MEM_LOCATION_TYPE_DEVICE) {
+		if (loc->id < 0 || loc->id >= sop__device_count())
+			return CUDA_ERROR_INVALID_DEVICE;
+		cur = &sop__current_pools[loc->id];
+	} else if ((slot = sop__host_slot(loc)) >= 0) {
+		cur = &sop__host_current_pools[slot];
+	} else {
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	sop__mutex_take(&sop__dev_lock, SOP_RANK_DEV);
+	if (on)
+		atomic_store_explicit(cur, CURRENT_FOREIGN, memory_order_release);
+	else if (atomic_load_explicit(cur, memory_order_relaxed) == CURRENT_FOREIGN)
+		atomic_store_explicit(cur, NULL, memory_order_release);
+	sop__mutex_drop(&sop__dev_lock);
+	return CUDA_SUCCESS;
 }
 
 /* ---- Host locations ------------------------------------------------------------------------ */

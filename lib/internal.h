@@ -276,8 +276,8 @@ struct sop_pool *sop__registry_lookup(CUdeviceptr addr);
  * so that the pools stay readable after the lock is dropped; it checks pool->dead under the pool
  * lock. */
 struct sop_pool **sop__registry_snapshot(size_t *n);
-/* Each device's default and current pool (NULL: the default), read without a lock, written
- * under sop__dev_lock (devices.c). */
+/* Each device's default and current pool (NULL: the default; a mark while it is not sop's:
+ * devices.c), read without a lock, written under sop__dev_lock (devices.c). */
 extern pthread_mutex_t sop__dev_lock;
 extern _Atomic(struct sop_pool *) *sop__default_pools;
 extern _Atomic(struct sop_pool *) *sop__current_pools;
@@ -867,6 +867,12 @@ CUresult sop__set_current_pool(CUdevice device, struct sop_pool *pool);
 CUresult sop__host_default_pool(const CUmemLocation *loc, struct sop_pool **out);
 CUresult sop__host_current_pool(const CUmemLocation *loc, struct sop_pool **out);
 CUresult sop__host_set_current_pool(const CUmemLocation *loc, struct sop_pool *pool);
+/* The location's current pool is one sop did not make (on), or no longer (off: the default
+ * again, unless a pool of sop's was made current meanwhile): for the interposer, which hands
+ * such a pool to the driver. While it is, sop's calls that take the current pool answer
+ * CUDA_ERROR_NOT_SUPPORTED, and making a pool of sop's current ends it. A device (else
+ * CUDA_ERROR_INVALID_DEVICE) or a host location with a slot (else CUDA_ERROR_INVALID_VALUE). */
+CUresult sop__set_current_foreign(const CUmemLocation *loc, bool on);
 /* The host location closest to the device: HOST_NUMA of CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, or HOST
  * where the device names no node. */
 CUresult sop__device_host_location(CUdevice device, CUmemLocation *loc);

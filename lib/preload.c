@@ -378,13 +378,57 @@ foreign_add(CUmemoryPool pool)
 	pthread_mutex_unlock(&foreign_lock);
 }
 
+/* Locations whose current pool the program made one of the driver's, as far as sop knows: the
+ * latest such pool of each. Under foreign_lock. */
+struct foreign_current {
+	CUmemLocation loc;
+	CUmemoryPool pool;
+};
+static struct foreign_current *currents;
+static size_t n_currents, cap_currents;
+
+/* The driver made pool, its own, current at loc. sop's calls for the location's current pool
+ * answer CUDA_ERROR_NOT_SUPPORTED from now on, so that what takes it (cuMemAllocAsync) goes to
+ * the driver, until the program makes a pool of sop's current there or destroys this one (the
+ * default is current again, as the driver does). */
+static void
+foreign_current_set(const CUmemLocation *loc, CUmemoryPool pool)
+{
+	size_t i;
+
+	pthread_mutex_lock(&foreign_lock);
+	for (i = 0; i < n_currents; i++)
+		if (currents[i].loc.type == loc->type && currents[i].loc.id == loc->id)
+			break;
+	if (i == n_currents && n_currents == cap_currents) {
+		size_t cap = cap_currents ? 2 * cap_currents : 4;
+		struct foreign_current *grown = realloc(currents, cap * sizeof *grown);
+
+		if (grown) {
+			currents = grown;
+			cap_currents = cap;
+		}
+	}
+	/* Without host memory to remember it, its destroy leaves the mark: the location's
+	 * requests keep going to the driver, whose default pool is current again. */
+	if (i < cap_currents) {
+		currents[i].loc = *loc;
+		currents[i].pool = pool;
+		if (i == n_currents)
+			n_currents++;
+	}
+	sop__set_current_foreign(loc, true);
+	pthread_mutex_unlock(&foreign_lock);
+}
+
 /* The driver's destroy of a pool it made, and the handle forgotten, under the lock that
  * foreign_add takes: a pool made on another thread meanwhile may get the same handle value from
- * the driver once it is destroyed, and is remembered after this one is forgotten, not before. */
+ * the driver once it is destroyed, and is remembered after this one is forgotten, not before.
+ * Where it was current, sop's default pool is again. */
 static CUresult
 foreign_destroy(CUmemoryPool pool)
 {
-	size_t at;
+	size_t at, i;
 	CUresult r;
 
 	pthread_mutex_lock(&foreign_lock);
@@ -392,6 +436,14 @@ foreign_destroy(CUmemoryPool pool)
 	if (r == CUDA_SUCCESS && foreign_find(pool, &at)) {
 		foreign[at] = foreign[--n_foreign];
 		atomic_store_explicit(&foreign_count, n_foreign, memory_order_release);
+	}
+	for (i = 0; r == CUDA_SUCCESS && i < n_currents;) {
+		if (currents[i].pool == pool) {
+			sop__set_current_foreign(&currents[i].loc, false);
+			currents[i] = currents[--n_currents];
+		} else {
+			i++;
+		}
 	}
 	pthread_mutex_unlock(&foreign_lock);
 	return r;
@@ -728,23 +780,6 @@ device_pool(CUmemoryPool *out, CUdevice dev, bool current)
 	return r;
 }
 
-/* Make pool the device's current pool. A pool the driver made may be current only on a device
- * sop does not serve: where sop serves the device, its allocations come from sop's current pool,
- * and the driver's would never be used. Serving. */
-static CUresult
-device_set_pool(CUdevice dev, CUmemoryPool pool, bool *forward)
-{
-	sop_pool_t current;
-
-	*forward = false;
-	if (!foreign_has(pool))
-		return sop_device_set_pool(dev, pool_sop(pool));
-	if (sop_device_get_pool(&current, dev) == CUDA_SUCCESS)
-		return CUDA_ERROR_NOT_SUPPORTED;
-	*forward = true;
-	return CUDA_SUCCESS;
-}
-
 /* A location the pools of sop stand for: device memory, pinned. */
 static inline bool
 location_sop(const CUmemLocation *location, CUmemAllocationType type)
@@ -805,15 +840,22 @@ cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 	return r;
 }
 
+/* A pool the driver made becomes current through the driver, and sop's calls for that current
+ * pool then go there too (foreign_current_set). */
 SOP_API CUresult CUDAAPI
 cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 {
-	bool forward = true;
-	CUresult r = CUDA_SUCCESS;
+	CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, dev};
+	CUresult r;
 
-	if (serving())
-		r = device_set_pool(dev, pool, &forward);
-	return forward ? FORWARD(cuDeviceSetMemPool, dev, pool) : r;
+	if (!serving())
+		return FORWARD(cuDeviceSetMemPool, dev, pool);
+	if (!foreign_has(pool))
+		return sop_device_set_pool(dev, pool_sop(pool));
+	r = FORWARD(cuDeviceSetMemPool, dev, pool);
+	if (r == CUDA_SUCCESS)
+		foreign_current_set(&loc, pool);
+	return r;
 }
 
 SOP_API CUresult CUDAAPI
@@ -852,16 +894,18 @@ cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *location, CUmemAllocationType
 SOP_API CUresult CUDAAPI
 cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type, CUmemoryPool pool)
 {
-	bool forward = true;
-	CUresult r = CUDA_SUCCESS;
+	bool ours;
+	CUresult r;
 
-	if (serving() && location_sop(location, type))
-		r = device_set_pool(location->id, pool, &forward);
-	else if (serving() && location_host(location, type) && !foreign_has(pool)) {
-		r = sop_mem_set_pool(location, type, pool_sop(pool));
-		forward = false;
-	}
-	return forward ? FORWARD(cuMemSetMemPool, location, type, pool) : r;
+	if (!serving())
+		return FORWARD(cuMemSetMemPool, location, type, pool);
+	ours = location_sop(location, type) || location_host(location, type);
+	if (ours && !foreign_has(pool))
+		return sop_mem_set_pool(location, type, pool_sop(pool));
+	r = FORWARD(cuMemSetMemPool, location, type, pool);
+	if (r == CUDA_SUCCESS && ours)
+		foreign_current_set(location, pool);
+	return r;
 }
 
 /* ---- Synchronization points --------------------------------------------------------------- */

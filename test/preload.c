@@ -241,25 +241,37 @@ setup(void)
 	OK(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
 }
 
-/* Allocations from pools the driver made, which go to the driver (test_pools). */
-static unsigned long driver_pool_allocs;
+/* The driver's pool calls that may reach it where sop serves, and how many did on purpose: those
+ * on pools the driver made (test_pools). */
+static const char *const driver_pool_names[] = {
+	"cuMemAllocAsync",    "cuMemAllocAsync_ptsz", "cuMemAllocFromPoolAsync_ptsz",
+	"cuDeviceGetMemPool", "cuDeviceSetMemPool",   "cuDeviceGetDefaultMemPool",
+	"cuMemPoolSetAccess", "cuMemPoolGetAccess",   "cuMemPoolExportToShareableHandle",
+	"cuMemPoolExportPointer", "cuMemPoolImportPointer", "cuMemAllocFromPoolAsync",
+};
+#define N_DRIVER_POOL_NAMES (sizeof driver_pool_names / sizeof driver_pool_names[0])
+static unsigned long driver_pool_meant[N_DRIVER_POOL_NAMES];
 
-/* The driver's device pools were never called where sop serves. */
+/* A call of name that reaches the driver on purpose, n times more. */
+static void
+driver_pool_expect(const char *name, unsigned long n)
+{
+	size_t i;
+
+	for (i = 0; i < N_DRIVER_POOL_NAMES; i++)
+		if (!strcmp(driver_pool_names[i], name))
+			driver_pool_meant[i] += n;
+}
+
+/* The driver's device pools were never called where sop serves. A real driver's calls are not
+ * counted. */
 static void
 driver_pools_untouched(void)
 {
-	static const char *const names[] = {
-		"cuMemAllocAsync",    "cuMemAllocAsync_ptsz", "cuMemAllocFromPoolAsync_ptsz",
-		"cuDeviceGetMemPool", "cuDeviceSetMemPool",   "cuDeviceGetDefaultMemPool",
-		"cuMemPoolSetAccess", "cuMemPoolGetAccess",   "cuMemPoolExportToShareableHandle",
-		"cuMemPoolExportPointer", "cuMemPoolImportPointer",
-	};
 	size_t i;
 
-	for (i = 0; i < sizeof names / sizeof names[0]; i++)
-		EQ(drv_calls(names[i]), 0);
-	if (sim) /* a real driver's calls are not counted */
-		EQ(drv_calls("cuMemAllocFromPoolAsync"), driver_pool_allocs);
+	for (i = 0; sim && i < N_DRIVER_POOL_NAMES; i++)
+		EQ(drv_calls(driver_pool_names[i]), driver_pool_meant[i]);
 }
 
 /* ---- (a) libcuda's symbols ----------------------------------------------------------------- */
@@ -1027,6 +1039,71 @@ test_foreign(void)
 	printf("foreign pointers: ok\n");
 }
 
+/* up, a device pool of device 0 that the driver made, becomes the device's current pool: the
+ * device's allocations then come from it, through the driver, until a pool of sop's is current
+ * again or up is destroyed, as the driver's own current pool would. */
+static void
+driver_current(CUmemoryPool up)
+{
+	CUmemLocation dev0 = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+	CUmemoryPool def, cur;
+	CUdeviceptr p;
+	unsigned long d;
+
+	OK(cuDeviceGetMemPool(&def, 0));
+	CHECK(def != up);
+	OK(cuDeviceSetMemPool(0, up));
+	driver_pool_expect("cuDeviceSetMemPool", 1);
+	OK(cuDeviceGetMemPool(&cur, 0));
+	OK(cuMemGetMemPool(&cur, &dev0, CU_MEM_ALLOCATION_TYPE_PINNED));
+	driver_pool_expect("cuDeviceGetMemPool", 1);
+	CHECK(cur == up);
+	d = drv_calls("cuMemAllocAsync");
+	OK(cuMemAllocAsync(&p, 4096, s1));
+	driver_pool_expect("cuMemAllocAsync", 1);
+	if (sim)
+		EQ(drv_calls("cuMemAllocAsync"), d + 1);
+	CHECK(pool_of(p) == NULL);
+	OK(cuMemsetD32Async(p, 7, 1024, s1));
+	OK(cuMemFreeAsync(p, s1));
+	OK(cuStreamSynchronize(s1));
+	/* The per-thread default stream's requests alike. */
+	OK(cuMemAllocAsync_ptsz(&p, 4096, NULL));
+	driver_pool_expect("cuMemAllocAsync_ptsz", 1);
+	CHECK(pool_of(p) == NULL);
+	OK(cuMemFreeAsync_ptsz(p, NULL));
+	OK(cuStreamSynchronize_ptsz(NULL));
+
+	/* sop's default current again: sop serves, and the driver hears nothing. */
+	OK(cuDeviceSetMemPool(0, def));
+	OK(cuDeviceGetMemPool(&cur, 0));
+	CHECK(cur == def);
+	OK(cuMemAllocAsync(&p, 4096, s1));
+	CHECK(pool_of(p) == def);
+	OK(cuMemFreeAsync(p, s1));
+	driver_pools_untouched();
+
+	/* By location, then destroyed while current: the default is current again. */
+	OK(cuMemSetMemPool(&dev0, CU_MEM_ALLOCATION_TYPE_PINNED, up));
+	OK(cuDeviceGetMemPool(&cur, 0));
+	driver_pool_expect("cuDeviceGetMemPool", 1);
+	CHECK(cur == up);
+	OK(cuMemAllocAsync(&p, 4096, s1));
+	driver_pool_expect("cuMemAllocAsync", 1);
+	CHECK(pool_of(p) == NULL);
+	OK(cuMemFreeAsync(p, s1));
+	OK(cuStreamSynchronize(s1));
+	OK(cuMemPoolDestroy(up));
+	OK(cuDeviceGetMemPool(&cur, 0));
+	CHECK(cur == def);
+	OK(cuMemAllocAsync(&p, 4096, s1));
+	CHECK(pool_of(p) == def);
+	OK(cuMemFreeAsync(p, s1));
+	OK(cuStreamSynchronize(s1));
+	driver_pools_untouched();
+	printf("a pool the driver made, current: ok\n");
+}
+
 static void
 test_pools(void)
 {
@@ -1148,7 +1225,7 @@ test_pools(void)
 		EQ(drv_calls("cuMemPoolCreate"), d + 1);
 		d = drv_calls("cuMemAllocFromPoolAsync");
 		OK(cuMemAllocFromPoolAsync(&x, 4096, hpool, s1));
-		driver_pool_allocs++;
+		driver_pool_expect("cuMemAllocFromPoolAsync", 1);
 		EQ(drv_calls("cuMemAllocFromPoolAsync"), d + 1);
 		CHECK(pool_of(x) == NULL);
 		OK(cuMemFreeAsync(x, s1));
@@ -1242,16 +1319,21 @@ test_pools(void)
 		close(pipefd[1]);
 	}
 
-	/* A device pool sop cannot make (a usage it lacks) is the driver's to make or refuse. */
+	/* A device pool sop cannot make (a usage it lacks, or fabric handles) is the driver's to make
+	 * or refuse (the simulated driver makes those with a usage; an H200 makes neither). */
 	props.usage = 1;
 	d = drv_calls("cuMemPoolCreate");
 	r = cuMemPoolCreate(&up, &props);
 	if (sim) {
-		EQ(r, CUDA_ERROR_NOT_SUPPORTED);
+		OK(r);
 		EQ(drv_calls("cuMemPoolCreate"), d + 1);
-	} else if (r == CUDA_SUCCESS) {
-		OK(cuMemPoolDestroy(up));
 	}
+	props.usage = 0;
+	props.handleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
+	if (r != CUDA_SUCCESS)
+		r = cuMemPoolCreate(&up, &props);
+	if (r == CUDA_SUCCESS)
+		driver_current(up); /* and destroys it */
 	driver_pools_untouched();
 	printf("pool handles and attributes: ok\n");
 }

@@ -367,6 +367,8 @@ int sim_host_numa_id(int dev);
 /* ---- streams and events (sim-stream.c) ---- */
 
 void sim_stream_live(struct sim_live *out);
+/* The device of the context a stream handle's stream belongs to. */
+CUresult sim_stream_device(CUstream handle, CUdevice *dev);
 /* Retires an exiting thread's per-thread default streams. */
 void sim_stream_thread_exit(struct sim_thread *t);
 /*

@@ -5,8 +5,9 @@
  * - the driver's stream-ordered pools, which the interposer takes over: on a
  *   device every one of them fails with CUDA_ERROR_NOT_SUPPORTED, so that a
  *   call that reached the driver where sop should have served it shows, as
- *   that code and in sim_calls(). Pools on the host, which sop leaves to the
- *   driver, work just enough to be made, read, allocated from and destroyed;
+ *   that code and in sim_calls(), except pools with a usage, which sop cannot
+ *   make. Those and pools on the host, which sop leaves to the driver, work
+ *   just enough to be made, read, allocated from, made current and destroyed;
  *   IPC of pools fails with that code everywhere;
  * - classic allocations (cuMemAlloc, cuMemFree, and cuMemFreeAsync of them):
  *   memory sop did not allocate, which the interposer must pass through;
@@ -155,22 +156,32 @@ SIM_EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStre
 	return classic_free_async(dptr, per_thread(hStream));
 }
 
-/* ---- pools: on the host only ---- */
+/* ---- the driver's own pools ---- */
 
-/* A host pool: a handle value the sim recognises, and what its attributes read back. */
-struct host_pool {
-	struct host_pool *next;
+/*
+ * A pool the driver made: on the host, and on a device only with a usage,
+ * which sop cannot make (it answers CUDA_ERROR_NOT_SUPPORTED and the
+ * interposer hands the creation here). Every other device pool call fails
+ * with CUDA_ERROR_NOT_SUPPORTED, so that one that should have been sop's
+ * shows. These pools work just enough to be made, read, allocated from, made
+ * a location's current pool and destroyed.
+ */
+struct drv_pool {
+	struct drv_pool *next;
 	bool is_default;
+	int device;		/* -1: the host */
 	cuuint64_t threshold;
 };
 
 static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct host_pool host_default = {.is_default = true};
-static struct host_pool *host_pools = &host_default;	/* every live one */
+static struct drv_pool host_default = {.is_default = true, .device = -1};
+static struct drv_pool *drv_pools = &host_default;	/* every live one */
 /* Destroyed ones, the latest first: a create takes the value destroyed most recently, at once, as
  * a driver may that frees a pool's object and allocates the next one in its place. */
-static struct host_pool *host_spare;
-static struct host_pool *host_current = &host_default;
+static struct drv_pool *drv_spare;
+static struct drv_pool *host_current = &host_default;
+/* A device's current pool where it is one of these; NULL: the interposer's. */
+static struct drv_pool *dev_current[SIM_MAX_DEVICES];
 
 static bool host_location(const CUmemLocation *loc, CUmemAllocationType type)
 {
@@ -178,55 +189,70 @@ static bool host_location(const CUmemLocation *loc, CUmemAllocationType type)
 	       type == CU_MEM_ALLOCATION_TYPE_PINNED;
 }
 
-/* The host pool a handle names, or NULL. pools_lock held. */
-static struct host_pool *host_pool_of(CUmemoryPool pool)
+static bool device_location(const CUmemLocation *loc, CUmemAllocationType type)
 {
-	struct host_pool *p;
+	return loc && loc->type == CU_MEM_LOCATION_TYPE_DEVICE &&
+	       type == CU_MEM_ALLOCATION_TYPE_PINNED && sim_device_valid(loc->id);
+}
 
-	for (p = host_pools; p && (CUmemoryPool)(void *)p != pool; p = p->next)
+/* The pool a handle names, or NULL. pools_lock held. */
+static struct drv_pool *drv_pool_of(CUmemoryPool pool)
+{
+	struct drv_pool *p;
+
+	for (p = drv_pools; p && (CUmemoryPool)(void *)p != pool; p = p->next)
 		;
 	return p;
 }
 
 SIM_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
-	struct host_pool *p;
+	struct drv_pool *p;
+	int device;
 
 	SIM_ENTER(cuMemPoolCreate);
 	if (!pool || !props)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (!host_location(&props->location, props->allocType))
+	if (host_location(&props->location, props->allocType))
+		device = -1;
+	else if (device_location(&props->location, props->allocType) && props->usage)
+		device = props->location.id;
+	else
 		return CUDA_ERROR_NOT_SUPPORTED;
 	pthread_mutex_lock(&pools_lock);
-	p = host_spare;
+	p = drv_spare;
 	if (p) {
-		host_spare = p->next;
+		drv_spare = p->next;
 		memset(p, 0, sizeof(*p));
 	} else if (!(p = calloc(1, sizeof(*p)))) {
 		pthread_mutex_unlock(&pools_lock);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	p->next = host_pools;
-	host_pools = p;
+	p->device = device;
+	p->next = drv_pools;
+	drv_pools = p;
 	pthread_mutex_unlock(&pools_lock);
 	*pool = (CUmemoryPool)(void *)p;
 	return CUDA_SUCCESS;
 }
 
+/* The current pool of its location goes back to the default, as the driver does. */
 SIM_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool)
 {
-	struct host_pool **link, *p = NULL;
+	struct drv_pool **link, *p = NULL;
 
 	SIM_ENTER(cuMemPoolDestroy);
 	pthread_mutex_lock(&pools_lock);
-	for (link = &host_pools; *link; link = &(*link)->next) {
+	for (link = &drv_pools; *link; link = &(*link)->next) {
 		if ((CUmemoryPool)(void *)*link == pool && !(*link)->is_default) {
 			p = *link;
 			*link = p->next;
 			if (host_current == p)
 				host_current = &host_default;
-			p->next = host_spare;
-			host_spare = p;
+			if (p->device >= 0 && dev_current[p->device] == p)
+				dev_current[p->device] = NULL;
+			p->next = drv_spare;
+			drv_spare = p;
 			break;
 		}
 	}
@@ -241,7 +267,7 @@ SIM_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesTo
 	SIM_ENTER(cuMemPoolTrimTo);
 	(void)minBytesToKeep;
 	pthread_mutex_lock(&pools_lock);
-	found = host_pool_of(pool) != NULL;
+	found = drv_pool_of(pool) != NULL;
 	pthread_mutex_unlock(&pools_lock);
 	return found ? CUDA_SUCCESS : CUDA_ERROR_NOT_SUPPORTED;
 }
@@ -249,14 +275,14 @@ SIM_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesTo
 SIM_EXPORT CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
 						  void *value)
 {
-	struct host_pool *p;
+	struct drv_pool *p;
 	CUresult rc = CUDA_SUCCESS;
 
 	SIM_ENTER(cuMemPoolSetAttribute);
 	if (!value)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&pools_lock);
-	p = host_pool_of(pool);
+	p = drv_pool_of(pool);
 	if (!p)
 		rc = CUDA_ERROR_NOT_SUPPORTED;
 	else if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
@@ -268,7 +294,7 @@ SIM_EXPORT CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_a
 SIM_EXPORT CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
 						  void *value)
 {
-	struct host_pool *p;
+	struct drv_pool *p;
 	CUresult rc = CUDA_SUCCESS;
 	cuuint64_t v = 0;
 	int policy = 1;
@@ -277,7 +303,7 @@ SIM_EXPORT CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_a
 	if (!value)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&pools_lock);
-	p = host_pool_of(pool);
+	p = drv_pool_of(pool);
 	if (!p) {
 		rc = CUDA_ERROR_NOT_SUPPORTED;
 	} else if (attr == CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES ||
@@ -285,7 +311,7 @@ SIM_EXPORT CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_a
 		   attr == CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES) {
 		memcpy(value, &policy, sizeof(policy));
 	} else {
-		/* Host pool memory is not tracked: every figure but the threshold reads 0. */
+		/* Memory is not tracked: every figure but the threshold reads 0. */
 		if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
 			v = p->threshold;
 		memcpy(value, &v, sizeof(v));
@@ -346,14 +372,14 @@ SIM_EXPORT CUresult CUDAAPI cuMemPoolImportPointer(CUdeviceptr *ptr_out, CUmemor
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
+/* Pool memory is a classic allocation here: freed by cuMemFreeAsync alike. */
 static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool)
 {
 	bool found;
 
 	pthread_mutex_lock(&pools_lock);
-	found = host_pool_of(pool) != NULL;
+	found = drv_pool_of(pool) != NULL;
 	pthread_mutex_unlock(&pools_lock);
-	/* Host pool memory is a classic allocation here: freed by cuMemFreeAsync alike. */
 	return found ? classic_alloc(dptr, size) : CUDA_ERROR_NOT_SUPPORTED;
 }
 
@@ -373,28 +399,40 @@ SIM_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size
 	return pool_alloc(dptr, bytesize, pool);
 }
 
-/* A device's current pool is always a device pool: the interposer's. */
-SIM_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+/* From the current pool of the stream's device: one of the driver's pools above if the program
+ * made it current, else the interposer's, which the driver does not serve. */
+static CUresult alloc_current(CUdeviceptr *dptr, size_t size, CUstream stream)
 {
+	struct drv_pool *p;
+	CUdevice dev;
 	CUresult rc;
 
-	SIM_ENTER(cuMemAllocAsync);
-	if (sim_graph_alloc(dptr, bytesize, hStream, &rc))
+	if (sim_graph_alloc(dptr, size, stream, &rc))
 		return rc;
 	rc = sim_capture_unsafe();
-	return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_NOT_SUPPORTED;
+	if (rc == CUDA_SUCCESS)
+		rc = sim_stream_device(stream, &dev);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	pthread_mutex_lock(&pools_lock);
+	p = dev_current[dev];
+	pthread_mutex_unlock(&pools_lock);
+	if (!p)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	return dptr ? classic_alloc(dptr, size) : CUDA_ERROR_INVALID_VALUE;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+	SIM_ENTER(cuMemAllocAsync);
+	return alloc_current(dptr, bytesize, hStream);
 }
 
 SIM_EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
 						 CUstream hStream)
 {
-	CUresult rc;
-
 	SIM_ENTER(cuMemAllocAsync_ptsz);
-	if (sim_graph_alloc(dptr, bytesize, per_thread(hStream), &rc))
-		return rc;
-	rc = sim_capture_unsafe();
-	return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_NOT_SUPPORTED;
+	return alloc_current(dptr, bytesize, per_thread(hStream));
 }
 
 SIM_EXPORT CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
@@ -404,18 +442,55 @@ SIM_EXPORT CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CU
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
+/* A device's current pool, where it is one of the driver's pools above. */
+static CUresult device_get(CUmemoryPool *pool, CUdevice dev)
+{
+	struct drv_pool *p;
+
+	if (!pool)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!sim_device_valid(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&pools_lock);
+	p = dev_current[dev];
+	pthread_mutex_unlock(&pools_lock);
+	if (!p)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	*pool = (CUmemoryPool)(void *)p;
+	return CUDA_SUCCESS;
+}
+
+/* One of the driver's pools made current on its device; a pool of another location is
+ * refused as the driver refuses it; any other handle is not the driver's to take. */
+static CUresult device_set(CUdevice dev, CUmemoryPool pool)
+{
+	struct drv_pool *p;
+	CUresult rc = CUDA_SUCCESS;
+
+	if (!sim_device_valid(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&pools_lock);
+	p = drv_pool_of(pool);
+	if (!p)
+		rc = CUDA_ERROR_NOT_SUPPORTED;
+	else if (p->device != dev)
+		rc = CUDA_ERROR_INVALID_VALUE;
+	else
+		dev_current[dev] = p;
+	pthread_mutex_unlock(&pools_lock);
+	return rc;
+}
+
 SIM_EXPORT CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
 	SIM_ENTER(cuDeviceGetMemPool);
-	(void)pool, (void)dev;
-	return CUDA_ERROR_NOT_SUPPORTED;
+	return device_get(pool, dev);
 }
 
 SIM_EXPORT CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 {
 	SIM_ENTER(cuDeviceSetMemPool);
-	(void)dev, (void)pool;
-	return CUDA_ERROR_NOT_SUPPORTED;
+	return device_set(dev, pool);
 }
 
 SIM_EXPORT CUresult CUDAAPI cuMemGetDefaultMemPool(CUmemoryPool *pool_out,
@@ -437,6 +512,8 @@ SIM_EXPORT CUresult CUDAAPI cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *l
 	SIM_ENTER(cuMemGetMemPool);
 	if (!pool)
 		return CUDA_ERROR_INVALID_VALUE;
+	if (device_location(location, type))
+		return device_get(pool, location->id);
 	if (!host_location(location, type))
 		return CUDA_ERROR_NOT_SUPPORTED;
 	pthread_mutex_lock(&pools_lock);
@@ -448,17 +525,19 @@ SIM_EXPORT CUresult CUDAAPI cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *l
 SIM_EXPORT CUresult CUDAAPI cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type,
 					    CUmemoryPool pool)
 {
-	struct host_pool *p;
+	struct drv_pool *p;
 
 	SIM_ENTER(cuMemSetMemPool);
+	if (device_location(location, type))
+		return device_set(location->id, pool);
 	if (!host_location(location, type))
 		return CUDA_ERROR_NOT_SUPPORTED;
 	pthread_mutex_lock(&pools_lock);
-	p = host_pool_of(pool);
-	if (p)
+	p = drv_pool_of(pool);
+	if (p && p->device < 0)
 		host_current = p;
 	pthread_mutex_unlock(&pools_lock);
-	return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+	return p && p->device < 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* ---- per-thread variants and newer ABIs ---- */

@@ -1078,6 +1078,16 @@ static CUresult stream_info(CUstream handle, struct stream_info *info)
 	return CUDA_SUCCESS;
 }
 
+CUresult sim_stream_device(CUstream handle, CUdevice *dev)
+{
+	struct stream_info info;
+	CUresult rc = stream_info(handle, &info);
+
+	if (rc == CUDA_SUCCESS)
+		*dev = info.device;
+	return rc;
+}
+
 /* The body of the simple getters: one field of stream_info. */
 #define STREAM_GETTER(handle, out, field) \
 	do { \
