@@ -374,9 +374,11 @@ void sim_stream_thread_exit(struct sim_thread *t);
 /*
  * cuCtxDestroy's part in sim-stream.c: waits until no stream of ctx has work
  * queued, then destroys its streams and events and retires its legacy and
- * per-thread streams. The caller has marked ctx destroyed.
+ * per-thread streams. The caller has marked ctx destroyed. With reset (a
+ * primary context's cuDevicePrimaryCtxReset), the context goes on: its legacy
+ * and per-thread streams stay.
  */
-void sim_stream_ctx_destroy(struct sim_ctx *ctx);
+void sim_stream_ctx_destroy(struct sim_ctx *ctx, bool reset);
 /* Lets go of what ctx still holds in sim-stream.c, when the context is freed. */
 void sim_stream_ctx_free(struct sim_ctx *ctx);
 

@@ -1721,7 +1721,7 @@ out:
 
 /* ---- created contexts ---- */
 
-void sim_stream_ctx_destroy(struct sim_ctx *ctx)
+void sim_stream_ctx_destroy(struct sim_ctx *ctx, bool reset)
 {
 	struct sim_event *e, *next, *dead = NULL;
 	struct sim_stream *s;
@@ -1745,6 +1745,8 @@ void sim_stream_ctx_destroy(struct sim_ctx *ctx)
 	}
 	pthread_mutex_lock(&ctx->lock);
 	for (s = ctx->streams; s; s = s->ctx_next) {
+		if (reset && s->kind != STREAM_USER)
+			continue;
 		stream_retire(s);
 		/*
 		 * A user stream not destroyed yet lets go of its value, and

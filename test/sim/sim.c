@@ -841,14 +841,19 @@ SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
 	return rc;
 }
 
-/* Resetting an active primary context would destroy every allocation, stream and event of it;
- * the simulated driver does not model that and says so. An inactive one has nothing to reset. */
+/* Resetting an active primary context waits for its work, then destroys every stream and event
+ * of it: their handles are dead, as after their destroys. The context and its retains stay (as
+ * the driver documents), and so does memory made with cuMemCreate and its mappings, which an
+ * H200 keeps whole across a reset. Classic allocations, which the driver frees, are not
+ * modelled. An inactive context has nothing to reset. */
 SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
 {
 	SIM_ENTER(cuDevicePrimaryCtxReset);
 	if (!sim_device_valid(dev))
 		return CUDA_ERROR_INVALID_DEVICE;
-	return atomic_load(&primaries[dev].refs) > 0 ? CUDA_ERROR_NOT_SUPPORTED : CUDA_SUCCESS;
+	if (atomic_load(&primaries[dev].refs) > 0)
+		sim_stream_ctx_destroy(&primaries[dev], true);
+	return CUDA_SUCCESS;
 }
 
 /* The simulated driver makes no green contexts: no handle names one. */
@@ -1125,7 +1130,7 @@ SIM_EXPORT CUresult CUDAAPI cuCtxDestroy(CUcontext handle)
 		sim_ctx_put(ctx);
 		return CUDA_ERROR_CONTEXT_IS_DESTROYED;
 	}
-	sim_stream_ctx_destroy(ctx);
+	sim_stream_ctx_destroy(ctx, false);
 	t = sim_thread(false);
 	if (t && t->ctx_depth && t->ctx_stack[t->ctx_depth - 1] == ctx)
 		ctx_stack_drop(t->ctx_stack[--t->ctx_depth]);
