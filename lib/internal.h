@@ -601,6 +601,10 @@ struct sop__stream *sop__stream_find(uint64_t id, uint64_t gen);
 /* Every record of the context with this id that a pool's state holds (the others have nothing
  * cached anywhere), held, in a malloc'd array. */
 struct sop__stream **sop__stream_all(uint64_t ctx_id, size_t *n);
+/* The primary context ctx (whose id is ctx_id) is about to be reset, which destroys its events:
+ * every probe event of its records, and every spare of it, destroyed now, and the probes they
+ * stood for forgotten (what they would have shown is learnt later, never early). */
+void sop__stream_ctx_reset(uint64_t ctx_id, CUcontext ctx);
 /* Records in the table, for tests. */
 size_t sop__streams_live(void);
 /* The stream with this id, which stream names now, is about to be destroyed: a last probe
@@ -844,6 +848,12 @@ CUresult sop__sync_ctx(void);
  * for the context's work first): once it has, the frees on the context's streams are complete
  * and their memory reusable, as after a synchronization of it. Returns destroy's code. */
 CUresult sop__sync_ctx_destroy(CUcontext ctx, CUresult(CUDAAPI *destroy)(CUcontext));
+/* The program resets device's primary context through reset (the driver's
+ * cuDevicePrimaryCtxReset, which waits for the context's work, then destroys its streams and
+ * events; memory made with cuMemCreate stays): sop's probe events there are destroyed first
+ * (sop__stream_ctx_reset), and once the reset has returned, the frees on the context's streams
+ * are complete, as after a synchronization of it. Returns reset's code. */
+CUresult sop__sync_primary_reset(CUdevice device, CUresult(CUDAAPI *reset)(CUdevice));
 CUresult sop__sync_event(CUevent event);
 
 /* ---- stream.c ---------------------------------------------------------------------------- */

@@ -533,6 +533,52 @@ events_give(struct sop__stream *st)
 	}
 }
 
+/* st's probe events destroyed and its probes forgotten: the context they belong to is about to be
+ * reset, which would destroy them under sop. The next probe makes a new event. st's lock held. */
+static void
+events_drop(struct sop__stream *st)
+{
+	unsigned k;
+
+	for (k = 0; k < SOP_PROBES; k++) {
+		if (st->probe[k].ev)
+			SOP_DRV(cuEventDestroy)(st->probe[k].ev);
+		st->probe[k].ev = NULL;
+		st->probe[k].pending = false;
+	}
+}
+
+void
+sop__stream_ctx_reset(uint64_t ctx_id, CUcontext ctx)
+{
+	struct sop__stream *st;
+	unsigned i, j;
+
+	/* Every record of the context, those no state holds too: their events would become
+	 * spares when their records are freed. */
+	for (i = 0; i < STREAM_SHARDS; i++) {
+		sop__mutex_take(&shards[i].lock, SOP_RANK_SHARD);
+		for (j = 0; j < STREAM_BUCKETS; j++) {
+			for (st = shards[i].bucket[j]; st; st = st->hash_next) {
+				if (st->ctx_id != ctx_id)
+					continue;
+				sop__mutex_take(&st->lock, SOP_RANK_RECORD);
+				events_drop(st);
+				sop__mutex_drop(&st->lock);
+			}
+		}
+		sop__mutex_drop(&shards[i].lock);
+	}
+	sop__mutex_take(&spares.lock, SOP_RANK_SPARES);
+	for (i = spares.n; i-- > 0;) {
+		if (spares.e[i].ctx != ctx)
+			continue;
+		SOP_DRV(cuEventDestroy)(spares.e[i].ev);
+		spares.e[i] = spares.e[--spares.n];
+	}
+	sop__mutex_drop(&spares.lock);
+}
+
 /* A record whose stream is being destroyed and that no state holds has no use for its probes:
  * the frees they cover are in no cache any more. */
 static void

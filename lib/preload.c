@@ -1056,11 +1056,22 @@ stream_destroy_v1(CUstream hStream)
 	}
 CTX_DESTROY_HOOK(cuCtxDestroy, cuCtxDestroy_v2)
 CTX_DESTROY_HOOK(ctx_destroy_v1, cuCtxDestroy_v1)
-/* The primary context goes with its last release, and with a reset. */
+/* The primary context goes with its last release. */
 DESTROY_HOOK(cuDevicePrimaryCtxRelease, CUdevice, cuDevicePrimaryCtxRelease_v2)
 DESTROY_HOOK(primary_release_v1, CUdevice, cuDevicePrimaryCtxRelease_v1)
-DESTROY_HOOK(cuDevicePrimaryCtxReset, CUdevice, cuDevicePrimaryCtxReset_v2)
-DESTROY_HOOK(primary_reset_v1, CUdevice, cuDevicePrimaryCtxReset_v1)
+/* A reset destroys the primary context's streams and events, sop's probe events among them, once
+ * its work is done: sop lets go of its events first, and the frees on those streams are complete
+ * after. */
+#define RESET_HOOK(fn, member)                                                                     \
+	SOP_API CUresult CUDAAPI fn(CUdevice dev)                                                  \
+	{                                                                                          \
+		if (!serving())                                                                    \
+			DESTROYING(NULL, FORWARD(member, dev));                                    \
+		DESTROYING(NULL, drv.member ? sop__sync_primary_reset(dev, drv.member)             \
+					    : drv_missing());                                      \
+	}
+RESET_HOOK(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2)
+RESET_HOOK(primary_reset_v1, cuDevicePrimaryCtxReset_v1)
 DESTROY_HOOK(cuGreenCtxDestroy, CUgreenCtx, cuGreenCtxDestroy)
 
 SOP_API CUresult CUDAAPI

@@ -249,6 +249,28 @@ sop__sync_ctx_destroy(CUcontext ctx, CUresult(CUDAAPI *destroy)(CUcontext))
 }
 
 CUresult
+sop__sync_primary_reset(CUdevice device, CUresult(CUDAAPI *reset)(CUdevice))
+{
+	struct sop__stream **all = NULL;
+	struct sync_mark *marks = NULL;
+	unsigned long long ctx_id;
+	CUcontext ctx = NULL;
+	size_t n = 0;
+	CUresult r;
+
+	/* An inactive primary context holds no stream or event of sop's; a bad ordinal is the
+	 * driver's to refuse. */
+	if (sop__driver_primary(device, &ctx) == CUDA_SUCCESS && ctx &&
+	    SOP_DRV(cuCtxGetId)(ctx, &ctx_id) == CUDA_SUCCESS) {
+		marks = ctx_marks(ctx_id, &all, &n);
+		sop__stream_ctx_reset(ctx_id, ctx);
+	}
+	r = reset(device);
+	ctx_marks_finish(all, marks, n, r == CUDA_SUCCESS);
+	return r;
+}
+
+CUresult
 sop__sync_event(CUevent event)
 {
 	struct sync_mark marks[SOP_DEPS];

@@ -1647,6 +1647,96 @@ test_fallback(void)
 	printf("sop not started, everything to the driver: ok\n");
 }
 
+/* ---- A device reset ------------------------------------------------------------------------ */
+
+/* cuDevicePrimaryCtxReset destroys every stream and event of the primary context (an H200 keeps
+ * memory made with cuMemCreate, and its mappings, whole). A program that resets between rounds
+ * and uses only what it makes afterwards must run as it does without sop: sop may touch none of
+ * the dead streams and events (its own probe events among them; the driver faults on them), and
+ * the frees the reset completed are reusable, not held for good. Each round leaves a stream with
+ * frees cached and probes recorded, undestroyed, and another with events followed, destroyed;
+ * after the reset, new streams ask for memory the way that queries other streams' probes. */
+#define RESET_ROUNDS 4
+#define RESET_BLOCKS 64
+
+static void
+reset_round(int round, cuuint64_t *reserved_after)
+{
+	CUstream a, b, t;
+	CUevent ev;
+	CUdeviceptr blk[RESET_BLOCKS], p;
+	CUmemoryPool def;
+	unsigned word;
+	int k, rep;
+
+	OK(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+	OK(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+	OK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+	for (k = 0; k < RESET_BLOCKS; k++)
+		OK(cuMemAllocAsync(&blk[k], (size_t)1 << 20, a));
+	usleep(2000); /* old enough for probes by count */
+	for (rep = 0; rep < 4; rep++) {
+		for (k = 0; k < RESET_BLOCKS; k++)
+			OK(cuMemFreeAsync(blk[k], a));
+		for (k = 0; k < RESET_BLOCKS; k++)
+			OK(cuMemAllocAsync(&blk[k], (size_t)1 << 20, a));
+	}
+	for (k = 0; k < RESET_BLOCKS / 2; k++)
+		OK(cuMemFreeAsync(blk[k], a));
+	/* b follows a's frees through an event, then goes. */
+	OK(cuEventRecord(ev, a));
+	OK(cuStreamWaitEvent(b, ev, 0));
+	for (k = 0; k < 8; k++) {
+		OK(cuMemAllocAsync(&p, (size_t)1 << 20, b));
+		OK(cuMemFreeAsync(p, b));
+	}
+	OK(cuStreamDestroy(b));
+	OK(cuEventDestroy(ev));
+	for (k = RESET_BLOCKS / 2; k < RESET_BLOCKS; k++)
+		OK(cuMemFreeAsync(blk[k], a));
+	/* a is left to the reset, its frees cached on it. */
+	OK(cuDevicePrimaryCtxReset(0));
+	OK(cuCtxSetCurrent(ctx));
+
+	OK(cuStreamCreate(&t, CU_STREAM_NON_BLOCKING));
+	for (k = 0; k < RESET_BLOCKS / 2; k++) {
+		OK(cuMemAllocAsync(&blk[k], (size_t)3 << 20, t));
+		OK(cuMemsetD32Async(blk[k], 0x7e570000u + (unsigned)k, ((size_t)3 << 20) / 4, t));
+	}
+	for (k = 0; k < RESET_BLOCKS / 2; k++) {
+		OK(cuMemcpyDtoHAsync(&word, blk[k] + ((size_t)3 << 20) - 4, sizeof word, t));
+		OK(cuStreamSynchronize(t));
+		EQ(word, 0x7e570000u + (unsigned)k);
+		OK(cuMemFreeAsync(blk[k], t));
+	}
+	/* The legacy stream, after the reset too. */
+	OK(cuMemAllocAsync(&p, 4096, NULL));
+	OK(cuMemFreeAsync(p, NULL));
+	OK(cuStreamSynchronize(t));
+	OK(cuStreamDestroy(t));
+	OK(cuDeviceGetMemPool(&def, 0));
+	OK(cuMemPoolGetAttribute(def, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, reserved_after));
+	printf("reset, round %d: %llu MiB reserved after\n", round,
+	       (unsigned long long)(*reserved_after >> 20));
+}
+
+static void
+test_reset(void)
+{
+	cuuint64_t keep = UINT64_MAX, reserved[RESET_ROUNDS];
+	CUmemoryPool def;
+	int round;
+
+	OK(cuDeviceGetMemPool(&def, 0));
+	OK(cuMemPoolSetAttribute(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	for (round = 0; round < RESET_ROUNDS; round++)
+		reset_round(round, &reserved[round]);
+	/* What the reset completed is reused: the pool does not grow by a round's frees left on the
+	 * stream the reset destroyed (64 MiB), round after round. */
+	CHECK(reserved[RESET_ROUNDS - 1] < reserved[1] + ((cuuint64_t)RESET_BLOCKS << 20));
+	printf("a device reset between rounds: ok\n");
+}
+
 int
 main(int argc, char **argv)
 {
@@ -1696,6 +1786,10 @@ main(int argc, char **argv)
 	setup();
 	if (!strcmp(mode, "--fallback")) {
 		test_fallback();
+		return 0;
+	}
+	if (!strcmp(mode, "--reset")) {
+		test_reset();
 		return 0;
 	}
 	if (!strcmp(mode, "--quick") || !strcmp(mode, "--child")) {
