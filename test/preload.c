@@ -1649,8 +1649,8 @@ test_fallback(void)
 
 /* ---- A device reset ------------------------------------------------------------------------ */
 
-/* cuDevicePrimaryCtxReset destroys every stream and event of the primary context (an H200 keeps
- * memory made with cuMemCreate, and its mappings, whole). A program that resets between rounds
+/* cuDevicePrimaryCtxReset destroys every stream and event of the primary context, which is gone
+ * until retained again (an H200 keeps memory made with cuMemCreate, and its mappings, whole). A program that resets between rounds
  * and uses only what it makes afterwards must run as it does without sop: sop may touch none of
  * the dead streams and events (its own probe events among them; the driver faults on them), and
  * the frees the reset completed are reusable, not held for good. Each round leaves a stream with
@@ -1694,8 +1694,12 @@ reset_round(int round, cuuint64_t *reserved_after)
 	OK(cuEventDestroy(ev));
 	for (k = RESET_BLOCKS / 2; k < RESET_BLOCKS; k++)
 		OK(cuMemFreeAsync(blk[k], a));
-	/* a is left to the reset, its frees cached on it. */
+	/* a is left to the reset, its frees cached on it. The context is gone until retained again
+	 * (as the runtime does after cudaDeviceReset). */
 	OK(cuDevicePrimaryCtxReset(0));
+	OK(cuCtxSetCurrent(ctx));
+	EQ(cuStreamCreate(&t, CU_STREAM_NON_BLOCKING), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+	OK(cuDevicePrimaryCtxRetain(&ctx, 0));
 	OK(cuCtxSetCurrent(ctx));
 
 	OK(cuStreamCreate(&t, CU_STREAM_NON_BLOCKING));

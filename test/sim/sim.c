@@ -842,17 +842,26 @@ SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
 }
 
 /* Resetting an active primary context waits for its work, then destroys every stream and event
- * of it: their handles are dead, as after their destroys. The context and its retains stay (as
- * the driver documents), and so does memory made with cuMemCreate and its mappings, which an
- * H200 keeps whole across a reset. Classic allocations, which the driver frees, are not
- * modelled. An inactive context has nothing to reset. */
+ * of it: their handles are dead, as after their destroys. Then the context is gone, as if
+ * released to zero, whoever retained it: on an H200 a call in it answers
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED until the next retain, which gives the same handle (and here a
+ * fresh id). Memory made with cuMemCreate and its mappings stay whole, as there. Classic
+ * allocations, which the driver frees, are not modelled. An inactive context has nothing to
+ * reset. */
 SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
 {
+	struct sim_ctx *ctx;
+
 	SIM_ENTER(cuDevicePrimaryCtxReset);
 	if (!sim_device_valid(dev))
 		return CUDA_ERROR_INVALID_DEVICE;
-	if (atomic_load(&primaries[dev].refs) > 0)
-		sim_stream_ctx_destroy(&primaries[dev], true);
+	ctx = &primaries[dev];
+	if (atomic_load(&ctx->refs) > 0) {
+		sim_stream_ctx_destroy(ctx, true);
+		pthread_mutex_lock(&ctx->lock);
+		atomic_store(&ctx->refs, 0);
+		pthread_mutex_unlock(&ctx->lock);
+	}
 	return CUDA_SUCCESS;
 }
 
