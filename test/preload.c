@@ -1320,7 +1320,8 @@ test_pools(void)
 	}
 
 	/* A device pool sop cannot make (a usage it lacks, or fabric handles) is the driver's to make
-	 * or refuse (the simulated driver makes those with a usage; an H200 makes neither). */
+	 * or refuse (the simulated driver makes those with a usage; an H200 with driver 580 makes one
+	 * of the two). */
 	props.usage = 1;
 	d = drv_calls("cuMemPoolCreate");
 	r = cuMemPoolCreate(&up, &props);
