@@ -136,6 +136,18 @@ sop__driver_primary(CUdevice device, CUcontext *out)
 	return r;
 }
 
+CUcontext
+sop__driver_primary_held(CUdevice device)
+{
+	CUcontext ctx = NULL;
+
+	pthread_mutex_lock(&primary_lock);
+	if (device >= 0 && device < n_primary)
+		ctx = primary[device];
+	pthread_mutex_unlock(&primary_lock);
+	return ctx;
+}
+
 /* ---- A relaxed capture mode, paid when due ---------------------------------------------------- */
 
 __thread int sop__relax_state __attribute__((tls_model("initial-exec")));

@@ -104,6 +104,8 @@ void *sop__driver_handle(void);
  * (sop's probe events live in it: order.c); *out NULL if it is not active. A stream whose context
  * is not this one is of a context the application created. */
 CUresult sop__driver_primary(CUdevice device, CUcontext *out);
+/* The device's primary context if sop__driver_primary retained it, else NULL; no driver call. */
+CUcontext sop__driver_primary_held(CUdevice device);
 /* Make the pool's context current around driver calls that need one: pushed and popped only
  * where the thread has another current, or none. */
 CUresult sop__pool_ctx_push(struct sop_pool *pool);

@@ -254,14 +254,14 @@ sop__sync_primary_reset(CUdevice device, CUresult(CUDAAPI *reset)(CUdevice))
 	struct sop__stream **all = NULL;
 	struct sync_mark *marks = NULL;
 	unsigned long long ctx_id;
-	CUcontext ctx = NULL;
+	CUcontext ctx;
 	size_t n = 0;
 	CUresult r;
 
-	/* An inactive primary context holds no stream or event of sop's; a bad ordinal is the
-	 * driver's to refuse. */
-	if (sop__driver_primary(device, &ctx) == CUDA_SUCCESS && ctx &&
-	    SOP_DRV(cuCtxGetId)(ctx, &ctx_id) == CUDA_SUCCESS) {
+	/* sop has records and events only in a primary context it retained (order.c); a bad
+	 * ordinal is the driver's to refuse. */
+	ctx = sop__driver_primary_held(device);
+	if (ctx && SOP_DRV(cuCtxGetId)(ctx, &ctx_id) == CUDA_SUCCESS) {
 		marks = ctx_marks(ctx_id, &all, &n);
 		sop__stream_ctx_reset(ctx_id, ctx);
 	}
