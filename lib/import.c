@@ -395,6 +395,16 @@ sop__import_sync(struct sop_pool *pool)
 		sop__mutex_drop(&pool->lock);
 }
 
+void
+sop__import_settle(struct sop_pool *pool)
+{
+	if (!__atomic_load_n(&pool->import->n_pending, __ATOMIC_RELAXED))
+		return;
+	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
+	if (atomic_load(&pool->dead) || !reap(pool, true))
+		sop__mutex_drop(&pool->lock);
+}
+
 /* ---- Importing a pointer --------------------------------------------------------------------- */
 
 /* Ask the broker for the pieces under the allocation d names. The answer's pieces in *v

@@ -248,6 +248,23 @@ sop__sync_ctx_destroy(CUcontext ctx, CUresult(CUDAAPI *destroy)(CUcontext))
 	return r;
 }
 
+/* The frees of pointers imported into device's pools wait on events of sop's, in the contexts of
+ * the streams they were made on: settled before a reset of its primary context destroys them. */
+static void
+imports_settle(CUdevice device)
+{
+	struct sop_pool **pools;
+	struct sop__pin *pin = sop__pin();
+	size_t n, i;
+
+	pools = sop__registry_snapshot(&n);
+	for (i = 0; i < n; i++)
+		if (pools[i]->imported && pools[i]->device == device)
+			sop__import_settle(pools[i]);
+	sop__unpin(pin);
+	free(pools);
+}
+
 CUresult
 sop__sync_primary_reset(CUdevice device, CUresult(CUDAAPI *reset)(CUdevice))
 {
@@ -258,13 +275,15 @@ sop__sync_primary_reset(CUdevice device, CUresult(CUDAAPI *reset)(CUdevice))
 	size_t n = 0;
 	CUresult r;
 
-	/* sop has records and events only in a primary context it retained (order.c); a bad
-	 * ordinal is the driver's to refuse. */
+	/* sop has records and probe events only in a primary context it retained (order.c); an
+	 * imported pointer's free makes an event without a record. A bad ordinal is the driver's
+	 * to refuse. */
 	ctx = sop__driver_primary_held(device);
 	if (ctx && SOP_DRV(cuCtxGetId)(ctx, &ctx_id) == CUDA_SUCCESS) {
 		marks = ctx_marks(ctx_id, &all, &n);
 		sop__stream_ctx_reset(ctx_id, ctx);
 	}
+	imports_settle(device);
 	r = reset(device);
 	ctx_marks_finish(all, marks, n, r == CUDA_SUCCESS);
 	return r;

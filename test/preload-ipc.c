@@ -3,8 +3,10 @@
  * cuMemPoolImportFromShareableHandle, cuMemPoolImportPointer), under the interposer: both sides
  * are served by sop, the data crosses both ways, the importer frees first, and memory of the
  * exportable pool works with cuMemRetainAllocationHandle at any address inside an allocation (as
- * NCCL's user-buffer registration calls it). Run under LD_PRELOAD on the simulated driver's
- * libcuda.so.1, and through sop-run on a GPU.
+ * NCCL's user-buffer registration calls it). With --reset, the importer resets its device
+ * while its frees are pending instead of synchronizing (the reset waits for them, then destroys
+ * the context's streams and events, sop's among them), and goes on with its imported pool. Run
+ * under LD_PRELOAD on the simulated driver's libcuda.so.1, and through sop-run on a GPU.
  */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -38,6 +40,7 @@
 #define N 4
 static const size_t sizes[N] = {4096, (size_t)3 << 20, (size_t)64 << 20, 12345};
 static const char *role = "parent";
+static int reset; /* --reset */
 
 struct message {
 	CUmemPoolPtrExportData data[N];
@@ -144,6 +147,16 @@ importer(int sock)
 	/* The importer frees first, and says so once its frees have completed. */
 	for (i = 0; i < N; i++)
 		OK(cuMemFreeAsync(p[i], s));
+	if (reset) {
+		/* The stream goes with the reset; the context comes back with a retain. */
+		OK(cuDevicePrimaryCtxReset(0));
+		OK(cuDevicePrimaryCtxRetain(&ctx, 0));
+		OK(cuCtxSetCurrent(ctx));
+		OK(cuCtxSynchronize());
+		CHECK(write(sock, &c, 1) == 1);
+		OK(cuMemPoolDestroy(pool));
+		return 0;
+	}
 	OK(cuStreamSynchronize(s));
 	CHECK(write(sock, &c, 1) == 1);
 	OK(cuMemPoolDestroy(pool));
@@ -202,11 +215,12 @@ exporter(int sock, pid_t child)
 }
 
 int
-main(void)
+main(int argc, char **argv)
 {
 	int sv[2], n = 0;
 	pid_t pid;
 
+	reset = argc > 1 && !strcmp(argv[1], "--reset");
 	if (!dlsym(RTLD_DEFAULT, "sop_pointer_get_pool")) {
 		fprintf(stderr, "not under the interposer\n");
 		return 1;
@@ -233,6 +247,7 @@ main(void)
 	}
 	close(sv[1]);
 	exporter(sv[0], pid);
-	printf("IPC pools under the interposer, two processes: ok\n");
+	printf("IPC pools under the interposer, two processes%s: ok\n",
+	       reset ? ", the importer resetting its device" : "");
 	return 0;
 }
