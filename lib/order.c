@@ -502,9 +502,16 @@ spares_take(struct sop__stream *st)
 	sop__mutex_drop(&spares.lock);
 }
 
+/* Resets of primary contexts so far (sop__stream_ctx_reset). A record made its events after as
+ * many as st->events_reset says; if more came since, the reset did not find it (swept out of the
+ * table, not yet freed), and its events may be dead. */
+static atomic_uint_fast64_t primary_resets;
+
 /* Make st's events spares, as far as there is room; destroy the others. Its probes are
  * forgotten: a query finds none pending, and so learns nothing (memory reused late, never
- * early). st's lock held, or st unreachable. */
+ * early). Events older than a reset are only forgotten: those of the reset context are dead, and
+ * those of another context are left alive rather than risk that. st's lock held, or st
+ * unreachable. */
 static void
 events_give(struct sop__stream *st)
 {
@@ -514,6 +521,13 @@ events_give(struct sop__stream *st)
 		n += st->probe[k].ev != NULL;
 	if (!n)
 		return; /* given already, or none made */
+	if (st->events_reset != atomic_load(&primary_resets)) {
+		for (k = 0; k < SOP_PROBES; k++) {
+			st->probe[k].ev = NULL;
+			st->probe[k].pending = false;
+		}
+		return;
+	}
 	/* The context is a primary one sop retains: its events are still there. A record of
 	 * another context never made any. */
 	sop__mutex_take(&spares.lock, SOP_RANK_SPARES);
@@ -555,7 +569,9 @@ sop__stream_ctx_reset(uint64_t ctx_id, CUcontext ctx)
 	unsigned i, j;
 
 	/* Every record of the context, those no state holds too: their events would become
-	 * spares when their records are freed. */
+	 * spares when their records are freed. Counted first: a record freed from now on whose
+	 * events are older only forgets them (events_give). */
+	atomic_fetch_add(&primary_resets, 1);
 	for (i = 0; i < STREAM_SHARDS; i++) {
 		sop__mutex_take(&shards[i].lock, SOP_RANK_SHARD);
 		for (j = 0; j < STREAM_BUCKETS; j++) {
@@ -868,6 +884,8 @@ probe_record(struct sop__stream *st, CUstream handle)
 			return r;
 		}
 	}
+	/* Its events, spares or new, are of the present (spares older than a reset are gone). */
+	st->events_reset = atomic_load(&primary_resets);
 	/* The epoch first: frees tagged up to it were called before the record. */
 	p->epoch = sop__stream_mark(st);
 	r = SOP_DRV(cuEventRecord)(p->ev, handle);

@@ -277,7 +277,10 @@ sop__sync_primary_reset(CUdevice device, CUresult(CUDAAPI *reset)(CUdevice))
 
 	/* sop has records and probe events only in a primary context it retained (order.c); an
 	 * imported pointer's free makes an event without a record. A bad ordinal is the driver's
-	 * to refuse. */
+	 * to refuse. Records swept out and not yet freed give their events to the spares when
+	 * they are: freed first, where no call holds them (one a call pinned on another thread
+	 * holds back only forgets its events when it is freed: order.c, events_give). */
+	sop__epoch_reclaim();
 	ctx = sop__driver_primary_held(device);
 	if (ctx && SOP_DRV(cuCtxGetId)(ctx, &ctx_id) == CUDA_SUCCESS) {
 		marks = ctx_marks(ctx_id, &all, &n);

@@ -604,6 +604,7 @@ struct sop__stream {
 	_Atomic uint64_t probe_ns; /* when its newest probe was recorded (sop__now_ns) */
 	pthread_mutex_t lock;     /* probes, deps and claims */
 	struct sop__probe probe[SOP_PROBES];
+	uint64_t events_reset; /* primary resets before its events were made (order.c) */
 	unsigned next_probe;
 	/* What this stream's future work is ordered after: deps, because sop made it wait for
 	 * a probe (proven); claims, from events waited on (order.c says what proves them). */
