@@ -384,24 +384,14 @@ reap(struct sop_pool *pool, bool wait)
 }
 
 void
-sop__import_sync(struct sop_pool *pool)
+sop__import_sync(struct sop_pool *pool, bool wait)
 {
 	if (!__atomic_load_n(&pool->import->n_pending, __ATOMIC_RELAXED) &&
 	    !__atomic_load_n(&pool->import->kept, __ATOMIC_RELAXED) &&
 	    !atomic_load(&pool->destroyed))
 		return;
 	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
-	if (atomic_load(&pool->dead) || !reap(pool, false))
-		sop__mutex_drop(&pool->lock);
-}
-
-void
-sop__import_settle(struct sop_pool *pool)
-{
-	if (!__atomic_load_n(&pool->import->n_pending, __ATOMIC_RELAXED))
-		return;
-	sop__mutex_take(&pool->lock, SOP_RANK_POOL);
-	if (atomic_load(&pool->dead) || !reap(pool, true))
+	if (atomic_load(&pool->dead) || !reap(pool, wait))
 		sop__mutex_drop(&pool->lock);
 }
 

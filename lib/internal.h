@@ -831,11 +831,10 @@ CUresult sop__import_block(struct sop_pool *pool, CUdeviceptr addr, CUdeviceptr 
 /* USED_MEM_CURRENT or USED_MEM_HIGH of an imported pool, read, or (set) the high reset. */
 CUresult sop__import_used(struct sop_pool *pool, CUmemPool_attribute attr, void *value, bool set);
 /* At a synchronization point: unmap what frees that completed leave unused, and finish a
- * destroyed import. Pinned. */
-void sop__import_sync(struct sop_pool *pool);
-/* Before a reset of the context its frees' events are in, which would destroy them: wait for
- * each pending free (the reset waits for that work anyway) and finish it. Pinned. */
-void sop__import_settle(struct sop_pool *pool);
+ * destroyed import. With wait, every pending free is waited for first: before a reset of the
+ * context its frees' events are in, which would destroy them (the reset waits for that work
+ * anyway). Pinned. */
+void sop__import_sync(struct sop_pool *pool, bool wait);
 /* sop_pool_destroy of an imported pool: no more imports; torn down once every imported pointer
  * has been freed and its free has completed. False if another call destroyed it first. */
 bool sop__import_destroy(struct sop_pool *pool);
@@ -857,7 +856,7 @@ CUresult sop__sync_ctx_destroy(CUcontext ctx, CUresult(CUDAAPI *destroy)(CUconte
  * cuDevicePrimaryCtxReset, which waits for the context's work, then destroys its streams and
  * events; memory made with cuMemCreate stays): sop's probe events there are destroyed first
  * (sop__stream_ctx_reset), and so are the events of pending frees of pointers imported into the
- * device's pools, once those frees complete (sop__import_settle); once the reset has returned,
+ * device's pools, once those frees complete (sop__import_sync); once the reset has returned,
  * the frees on the context's streams are complete, as after a synchronization of it. Returns
  * reset's code. */
 CUresult sop__sync_primary_reset(CUdevice device, CUresult(CUDAAPI *reset)(CUdevice));

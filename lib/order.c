@@ -507,11 +507,25 @@ spares_take(struct sop__stream *st)
  * table, not yet freed), and its events may be dead. */
 static atomic_uint_fast64_t primary_resets;
 
-/* Make st's events spares, as far as there is room; destroy the others. Its probes are
- * forgotten: a query finds none pending, and so learns nothing (memory reused late, never
- * early). Events older than a reset are only forgotten: those of the reset context are dead, and
- * those of another context are left alive rather than risk that. st's lock held, or st
- * unreachable. */
+/* st's probes forgotten, and their events destroyed (destroy) or let go of, as events a reset
+ * destroyed already. A query then finds none pending, and so learns nothing (memory reused late,
+ * never early); the next probe makes a new event. st's lock held, or st unreachable. */
+static void
+events_forget(struct sop__stream *st, bool destroy)
+{
+	unsigned k;
+
+	for (k = 0; k < SOP_PROBES; k++) {
+		if (destroy && st->probe[k].ev)
+			SOP_DRV(cuEventDestroy)(st->probe[k].ev);
+		st->probe[k].ev = NULL;
+		st->probe[k].pending = false;
+	}
+}
+
+/* Make st's events spares, as far as there is room; destroy the others; forget its probes.
+ * Events older than a reset are only let go of: those of the reset context are dead, and those
+ * of another context are left alive rather than risk that. st's lock held, or st unreachable. */
 static void
 events_give(struct sop__stream *st)
 {
@@ -522,10 +536,7 @@ events_give(struct sop__stream *st)
 	if (!n)
 		return; /* given already, or none made */
 	if (st->events_reset != atomic_load(&primary_resets)) {
-		for (k = 0; k < SOP_PROBES; k++) {
-			st->probe[k].ev = NULL;
-			st->probe[k].pending = false;
-		}
+		events_forget(st, false);
 		return;
 	}
 	/* The context is a primary one sop retains: its events are still there. A record of
@@ -539,27 +550,7 @@ events_give(struct sop__stream *st)
 		}
 	}
 	sop__mutex_drop(&spares.lock);
-	for (k = 0; k < SOP_PROBES; k++) {
-		if (st->probe[k].ev)
-			SOP_DRV(cuEventDestroy)(st->probe[k].ev);
-		st->probe[k].ev = NULL;
-		st->probe[k].pending = false;
-	}
-}
-
-/* st's probe events destroyed and its probes forgotten: the context they belong to is about to be
- * reset, which would destroy them under sop. The next probe makes a new event. st's lock held. */
-static void
-events_drop(struct sop__stream *st)
-{
-	unsigned k;
-
-	for (k = 0; k < SOP_PROBES; k++) {
-		if (st->probe[k].ev)
-			SOP_DRV(cuEventDestroy)(st->probe[k].ev);
-		st->probe[k].ev = NULL;
-		st->probe[k].pending = false;
-	}
+	events_forget(st, true);
 }
 
 void
@@ -579,7 +570,7 @@ sop__stream_ctx_reset(uint64_t ctx_id, CUcontext ctx)
 				if (st->ctx_id != ctx_id)
 					continue;
 				sop__mutex_take(&st->lock, SOP_RANK_RECORD);
-				events_drop(st);
+				events_forget(st, true); /* alive until the reset */
 				sop__mutex_drop(&st->lock);
 			}
 		}

@@ -1043,35 +1043,27 @@ stream_destroy_v1(CUstream hStream)
 	DESTROYING(hStream, FORWARD(cuStreamDestroy_v1, hStream));
 }
 
-/* A context the program made: its streams' frees have completed once the driver's destroy, which
- * waits for the context's work, returns, and their memory goes back to every stream, where nothing
- * could synchronize those streams again. */
-#define CTX_DESTROY_HOOK(fn, member)                                                              \
-	SOP_API CUresult CUDAAPI fn(CUcontext ctx)                                                 \
+/* A hook for a call that destroys a context's streams after waiting for its work: sop's sync
+ * (sync.c) passes it on and counts it as a synchronization of the context, whose streams' frees
+ * have completed once it returns, where nothing could synchronize those streams again. */
+#define SYNC_DESTROY_HOOK(fn, type, member, sync)                                                 \
+	SOP_API CUresult CUDAAPI fn(type arg)                                                      \
 	{                                                                                          \
 		if (!serving())                                                                    \
-			DESTROYING(NULL, FORWARD(member, ctx));                                    \
-		DESTROYING(NULL, drv.member ? sop__sync_ctx_destroy(ctx, drv.member)               \
-					    : drv_missing());                                      \
+			DESTROYING(NULL, FORWARD(member, arg));                                    \
+		DESTROYING(NULL, drv.member ? sync(arg, drv.member) : drv_missing());              \
 	}
-CTX_DESTROY_HOOK(cuCtxDestroy, cuCtxDestroy_v2)
-CTX_DESTROY_HOOK(ctx_destroy_v1, cuCtxDestroy_v1)
+/* A context the program made. */
+SYNC_DESTROY_HOOK(cuCtxDestroy, CUcontext, cuCtxDestroy_v2, sop__sync_ctx_destroy)
+SYNC_DESTROY_HOOK(ctx_destroy_v1, CUcontext, cuCtxDestroy_v1, sop__sync_ctx_destroy)
 /* The primary context goes with its last release. */
 DESTROY_HOOK(cuDevicePrimaryCtxRelease, CUdevice, cuDevicePrimaryCtxRelease_v2)
 DESTROY_HOOK(primary_release_v1, CUdevice, cuDevicePrimaryCtxRelease_v1)
-/* A reset destroys the primary context's streams and events, sop's probe events among them, once
- * its work is done: sop lets go of its events first, and the frees on those streams are complete
- * after. */
-#define RESET_HOOK(fn, member)                                                                     \
-	SOP_API CUresult CUDAAPI fn(CUdevice dev)                                                  \
-	{                                                                                          \
-		if (!serving())                                                                    \
-			DESTROYING(NULL, FORWARD(member, dev));                                    \
-		DESTROYING(NULL, drv.member ? sop__sync_primary_reset(dev, drv.member)             \
-					    : drv_missing());                                      \
-	}
-RESET_HOOK(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2)
-RESET_HOOK(primary_reset_v1, cuDevicePrimaryCtxReset_v1)
+/* A reset destroys the primary context's streams and events, sop's among them, which sop lets go
+ * of first. */
+SYNC_DESTROY_HOOK(cuDevicePrimaryCtxReset, CUdevice, cuDevicePrimaryCtxReset_v2,
+		  sop__sync_primary_reset)
+SYNC_DESTROY_HOOK(primary_reset_v1, CUdevice, cuDevicePrimaryCtxReset_v1, sop__sync_primary_reset)
 DESTROY_HOOK(cuGreenCtxDestroy, CUgreenCtx, cuGreenCtxDestroy)
 
 SOP_API CUresult CUDAAPI

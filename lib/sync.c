@@ -74,7 +74,7 @@ sync_complete(const struct sync_mark *marks, size_t n, bool retire)
 		struct sop__sstream *ss;
 
 		if (pool->imported) {
-			sop__import_sync(pool);
+			sop__import_sync(pool, false);
 			continue;
 		}
 		if (!retire && !sync_concerns(pool, marks, n))
@@ -260,7 +260,7 @@ imports_settle(CUdevice device)
 	pools = sop__registry_snapshot(&n);
 	for (i = 0; i < n; i++)
 		if (pools[i]->imported && pools[i]->device == device)
-			sop__import_settle(pools[i]);
+			sop__import_sync(pools[i], true);
 	sop__unpin(pin);
 	free(pools);
 }
