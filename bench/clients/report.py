@@ -80,6 +80,44 @@ if any(k.startswith("jax-") for k in by):
             lines.append("| %s | %s | %d |" % (name, rng(k, "ms_per_iter", 1.0, "%.3f"), failed(k)))
     lines.append("")
 
+if any(k.startswith("serve-") for k in by):
+    lines += ["## PyTorch: an inference server's 4 worker threads on streams of their own (torch_serve.py)", "",
+              "| allocator | requests / s | peak reserved MiB | peak allocated MiB | reserved / allocated | checksum | failed runs |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    names = {"serve-native": "native caching allocator", "serve-driver": "cudaMallocAsync, driver's pool",
+             "serve-sop": "cudaMallocAsync under sop-run"}
+    for k, name in names.items():
+        if k not in by:
+            continue
+        res, alloc = med(k, "peak_reserved"), med(k, "peak_allocated")
+        lines.append("| %s | %s | %s | %s | %s | %s | %d |" % (
+            name, rng(k, "requests_per_s"), rng(k, "peak_reserved", MiB, "%.0f"),
+            rng(k, "peak_allocated", MiB, "%.0f"), "%.3f" % (res / alloc) if res and alloc else "-",
+            rng(k, "checksum", 1.0, "%.4f"), failed(k)))
+    d, s_ = med("serve-driver", "requests_per_s"), med("serve-sop", "requests_per_s")
+    rd, rs = med("serve-driver", "peak_reserved"), med("serve-sop", "peak_reserved")
+    if d and s_:
+        lines += ["", "sop requests a second / driver pool's: %.3f; sop peak reserved / driver pool's: %.3f." % (s_ / d, rs / rd)]
+    lines.append("")
+
+tasks_keys = sorted({k.rsplit("-", 1)[1] for k in by if k.startswith("tasks-")}, key=int)
+if tasks_keys:
+    lines += ["## CuPy: threads whose tasks each make and drop a stream (cupy_tasks.py)", "",
+              "| threads | pool | tasks / s | reserved-high MiB | live peak MiB | reserved-high / live peak | bad bytes | failed runs |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    names = {"default": "MemoryPool (default)", "driver": "MemoryAsyncPool, driver's pool",
+             "sop": "MemoryAsyncPool under sop-run"}
+    for t in tasks_keys:
+        for kind, name in names.items():
+            k = "tasks-%s-%s" % (kind, t)
+            if k not in by:
+                continue
+            bad = sum(r.get("bad_bytes", 0) for r in by[k] if not r.get("failed"))
+            lines.append("| %s | %s | %s | %s | %s | %s | %d | %d |" % (
+                t, name, rng(k, "tasks_per_s"), rng(k, "reserved_peak", MiB, "%.0f"),
+                rng(k, "live_peak", MiB, "%.1f"), rng(k, "ratio", 1.0, "%.3f"), bad, failed(k)))
+    lines.append("")
+
 if "passthrough-driver" in by:
     lines += ["## What the interposer adds to calls it passes on (bench/passthrough.c)", "",
               "| call | without sop, ns | under sop-run, ns | added, ns |", "| --- | --- | --- | --- |"]

@@ -5,17 +5,21 @@
 #                             pool | the same under sop-run
 #   CuPy     cupy_streams.py  MemoryPool | MemoryAsyncPool | MemoryAsyncPool under sop-run | none
 #   JAX      jax_matmul.py    BFC | cuda_async | cuda_async under sop-run
+#   serve    torch_serve.py   PyTorch inference, 4 worker threads on streams of their own: native
+#                             caching allocator | cudaMallocAsync | the same under sop-run
+#   tasks    cupy_tasks.py    CuPy, 4 and 8 threads whose tasks each make and drop a stream:
+#                             MemoryPool | MemoryAsyncPool | MemoryAsyncPool under sop-run
 #   passthrough (bench/passthrough.c): the cost the interposer adds to calls it passes on
 # Each mode runs --reps times (default 3), a fresh process each, in turn (mode A, B, C, A, B,
 # C, ...), so that drift hits every mode alike; report.py takes medians and writes summary.md
 # and clients.png. A framework that is not installed is left out; without a GPU this exits 77.
-# --only torch,cupy,jax,passthrough runs those alone; --append adds to OUTDIR's runs rather than
+# --only torch,cupy,jax,serve,tasks,passthrough runs those alone; --append adds to OUTDIR's runs rather than
 # starting afresh (a long run in parts, each within a time limit).
 set -u
 cd "$(dirname "$0")/../.."
 out=bench/results/$(date -u +%Y-%m-%d)-clients
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then out=$1; shift; fi
-reps=3 quick=0 only=torch,cupy,jax,passthrough append=0
+reps=3 quick=0 only=torch,cupy,jax,serve,tasks,passthrough append=0
 while [ $# -gt 0 ]; do
 	case $1 in
 	--reps) reps=$2; shift ;;
@@ -47,8 +51,8 @@ if [ $append = 0 ]; then
 	} >"$out/machine.txt"
 fi
 
-steps=80 citers=3000 jiters=400
-[ $quick = 1 ] && steps=30 citers=600 jiters=100
+steps=80 citers=3000 jiters=400 requests=400 tasks=40
+[ $quick = 1 ] && steps=30 citers=600 jiters=100 requests=100 tasks=10
 
 # one LABEL CMD...: run, tag the JSON line with the label and the rep, keep stderr in the log.
 one() {
@@ -83,6 +87,18 @@ for rep in $(seq 1 "$reps"); do
 		one jax-bfc "$rep" env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 $py/jax_matmul.py --iters $jiters
 		one jax-driver "$rep" env XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async XLA_PYTHON_CLIENT_PREALLOCATE=false python3 $py/jax_matmul.py --iters $jiters
 		one jax-sop "$rep" env XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async XLA_PYTHON_CLIENT_PREALLOCATE=false "$run" python3 $py/jax_matmul.py --iters $jiters
+	fi
+	if want serve && python3 -c 'import torch' 2>/dev/null; then
+		one serve-native "$rep" python3 $py/torch_serve.py --requests $requests
+		one serve-driver "$rep" env PYTORCH_ALLOC_CONF=backend:cudaMallocAsync python3 $py/torch_serve.py --requests $requests
+		one serve-sop "$rep" env PYTORCH_ALLOC_CONF=backend:cudaMallocAsync "$run" python3 $py/torch_serve.py --requests $requests
+	fi
+	if want tasks && python3 -c 'import cupy' 2>/dev/null; then
+		for t in 4 8; do
+			one tasks-default-$t "$rep" python3 $py/cupy_tasks.py --pool default --threads $t --tasks $tasks
+			one tasks-driver-$t "$rep" python3 $py/cupy_tasks.py --pool async --threads $t --tasks $tasks
+			one tasks-sop-$t "$rep" "$run" python3 $py/cupy_tasks.py --pool async --threads $t --tasks $tasks
+		done
 	fi
 	if want passthrough; then
 		one passthrough-driver "$rep" "$build/bench/sop-passthrough"
