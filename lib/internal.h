@@ -631,6 +631,11 @@ void sop__stream_probe(struct sop__stream *st, CUstream handle, uint64_t seq);
 /* A probe covering every free on st so far, unless one already does; handle names st in the
  * current call, checked. */
 void sop__probe_all_frees(struct sop__stream *st, CUstream handle);
+/* From a slow path of one of the stream's pools: if a millisecond or more has passed since the
+ * last time, whether the stream freed slowly since (then its next frees get a probe each). */
+void sop__stream_pace(struct sop__stream *st);
+/* Whether the stream freed slowly when last paced. */
+bool sop__stream_slow(const struct sop__stream *st);
 /* Frees on the stream up to epoch are known complete (a synchronization or a probe said so). */
 void sop__stream_completed(struct sop__stream *st, uint64_t epoch);
 /* Query the stream's pending probes (not again within a few microseconds of a query that found

@@ -931,6 +931,63 @@ count_probe_due(const struct sop__stream *st, unsigned since, bool lone)
 				 PROBE_GAP_NS);
 }
 
+/* A stream is paced over at least this long (sop__stream_pace), and counts as slow if it freed
+ * less often than once in PACE_SLOW_NS on average; then its next SLOW_PROBES frees get a probe
+ * each, or until it is paced again.
+ *
+ * Threads that allocate between a framework's Python lines, or between kernels they wait for,
+ * free every few hundred microseconds: a probe by count, every PROBE_EVERY frees, comes tens of
+ * milliseconds apart there, and the other streams of the pool may take none of the frees after
+ * it. CuPy tasks that each bring a stream, four and eight threads on an H200, reserved 1.87 and
+ * 1.67 times their live peak with probes by count alone, against the driver's pool's 1.71 and
+ * 1.36; with a probe at every free once 500 us had passed since the last, and other streams'
+ * completed frees shared before growth (reuse.c), 1.39 and 1.45
+ * (bench/results/2026-11-29-h200-clients-threads-probes/). Asking the clock at every free would
+ * cost the hot paths a read each, so the pace is taken where the pool lock is taken anyway, and
+ * a free reads one counter more: 1.80 and 1.61 (bench/results/2026-11-29-h200-slow-streams-ab/),
+ * the harness's figures the same within the lease's spread. A probe costs about as much as 2% of a slow stream's time
+ * between two frees; SLOW_PROBES bounds what a stream that turned fast without a slow path
+ * since pays. */
+#define PACE_WINDOW_NS 1000000
+#define PACE_SLOW_NS 100000
+#define SLOW_PROBES 64
+
+void
+sop__stream_pace(struct sop__stream *st)
+{
+	uint64_t t = sop__now_ns(), t0 = atomic_load_explicit(&st->pace_ns, memory_order_relaxed);
+	unsigned n;
+
+	if (!t0)
+		t0 = st->born_ns;
+	if (t - t0 < PACE_WINDOW_NS)
+		return;
+	n = atomic_exchange_explicit(&st->frees_paced, 0, memory_order_relaxed);
+	atomic_store_explicit(&st->pace_ns, t, memory_order_relaxed);
+	atomic_store_explicit(&st->slow_probes,
+			      n && (uint64_t)n * PACE_SLOW_NS < t - t0 ? SLOW_PROBES : 0,
+			      memory_order_relaxed);
+}
+
+bool
+sop__stream_slow(const struct sop__stream *st)
+{
+	return atomic_load_explicit(&st->slow_probes, memory_order_relaxed) != 0;
+}
+
+/* Whether this free of a slow stream gets a probe (sop__stream_pace). A load and a store, as for
+ * frees_since: racing frees may spend one probe twice or not at all. */
+static bool
+slow_probe_due(struct sop__stream *st)
+{
+	unsigned n = atomic_load_explicit(&st->slow_probes, memory_order_relaxed);
+
+	if (!n)
+		return false;
+	atomic_store_explicit(&st->slow_probes, n - 1, memory_order_relaxed);
+	return true;
+}
+
 /* Record a probe unless one recorded since covers seq. With checked false, the caller has not
  * asked the driver who handle is in this call (a free on the stream that allocated the block,
  * stream.c): ask now, so that a probe never lands on a new stream that took a destroyed
@@ -961,6 +1018,9 @@ sop__stream_after_free(struct sop__stream *st, CUstream handle, uint64_t seq, bo
 	bool due;
 
 	atomic_store_explicit(&st->frees_since, since, memory_order_relaxed);
+	atomic_store_explicit(&st->frees_paced,
+			      atomic_load_explicit(&st->frees_paced, memory_order_relaxed) + 1,
+			      memory_order_relaxed);
 	if (newest >= seq)
 		return; /* a probe recorded since covers this free */
 	/* Also when the newest probe is known complete and the stream has been marked since (a
@@ -970,6 +1030,7 @@ sop__stream_after_free(struct sop__stream *st, CUstream handle, uint64_t seq, bo
 	due = pressure       /* a full pool: cover every free, for internal dependencies */
 	      || !newest     /* never probed: the first free gets one */
 	      || (since >= PROBE_EVERY && count_probe_due(st, since, lone)) ||
+	      (!lone && slow_probe_due(st)) ||
 	      (atomic_load_explicit(&st->done, memory_order_relaxed) >= newest &&
 	       atomic_load_explicit(&st->epoch, memory_order_relaxed) > newest + 1);
 	if (due)

@@ -600,6 +600,7 @@ alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, 
 		sop__mutex_drop(&pool->lock);
 		return CUDA_ERROR_NOT_FOUND; /* caller looks the stream up again */
 	}
+	sop__stream_pace(ss->st);
 	/* 1. The best fit among the blocks this stream may use: what it freed itself (safe for it
 	 * whatever else is pending), the heap (safe for anyone), and, with the follow policy,
 	 * what other streams freed before an event this stream waited on. The driver's pool
@@ -679,7 +680,16 @@ alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, 
 			sop__stream_probe(ss->st, stream, last);
 		}
 	}
-	/* 4. More physical memory, next to free memory where that maps less, in place of idle
+	/* 4. Before a slow stream grows (order.c, sop__stream_pace), where step 1 did not ask
+	 * them (others_may_serve): other streams' frees that their probes show complete, which
+	 * the driver's pool would hand it, wherever they lie. Streams that allocate at the pace of
+	 * Python, or between kernels they wait for, fight over no lock in a shared segment; their
+	 * pending frees were what their pool held beyond the driver's. Hot streams grow instead
+	 * (others_may_serve says why). */
+	if (!b && atomic_load(&pool->reuse_opportunistic) && sop__stream_slow(ss->st) &&
+	    !others_may_serve(pool, size) && flush_observed(pool, ss, 0))
+		b = best_take(pool, ss, size, &from, &crowded);
+	/* 5. More physical memory, next to free memory where that maps less, in place of idle
 	 * pieces too small or too scattered to serve the request. */
 	if (!b) {
 		note_starved(pool, ss, size);
@@ -693,7 +703,7 @@ alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, 
 		    (b = best_take(pool, ss, size, &from, &crowded)) != NULL)
 			r = CUDA_SUCCESS;
 		if (r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reserved)) {
-			/* 5. Idle pieces given back to make room for one that fits. */
+			/* 6. Idle pieces given back to make room for one that fits. */
 			if (sop__heap_release(pool, 0, 0) == CUDA_SUCCESS)
 				r = grow_or_find(pool, ss, size, &b, &from);
 		}
@@ -703,7 +713,7 @@ alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, 
 			atomic_store(&pool->pressure, true);
 		}
 	}
-	/* 6. Memory still pending on another stream, with a wait inserted. */
+	/* 7. Memory still pending on another stream, with a wait inserted. */
 	if (!b && r == CUDA_ERROR_OUT_OF_MEMORY && atomic_load(&pool->reuse_internal))
 		b = take_with_wait(pool, ss, stream, size, &from);
 	if (b) {

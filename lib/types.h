@@ -598,6 +598,11 @@ struct sop__stream {
 	_Atomic uint64_t newest;  /* epoch of the newest probe, 0 if none */
 	_Atomic uint64_t last_free; /* the tag of the latest free on it, in any pool */
 	atomic_uint frees_since;  /* frees since the last probe */
+	/* Its pace, as its pools' slow paths see it (sop__stream_pace): frees since pace_ns, and
+	 * how many of its next frees get a probe each for its being slow. */
+	atomic_uint frees_paced;
+	atomic_uint slow_probes;
+	_Atomic uint64_t pace_ns;
 	uint64_t born_ns;         /* when sop first saw it (sop__now_ns): young streams get no
 				   * probes by count (sop__stream_after_free) */
 	_Atomic uint64_t next_poll_ns; /* do not query running probes again before this */

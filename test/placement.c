@@ -273,6 +273,18 @@ affinity(CUstream s1, CUstream s2)
 	}
 }
 
+/* Make s's record hot (slow false) or slow, as its last pacing found it (order.c,
+ * sop__stream_pace), for a millisecond from now. */
+static void
+set_pace(CUstream s, bool slow)
+{
+	struct sop__stream *st;
+
+	TH_OK(sop__stream_lookup(s, false, &st));
+	atomic_store(&st->pace_ns, sop__now_ns());
+	atomic_store(&st->slow_probes, slow ? 64u : 0u);
+}
+
 /* Once threads have met, a stream's own segment grows by SOP_OWN_STEP however much it maps:
  * two streams that each keep 100 MiB of 1 MiB blocks, allocating in turn, reserve what they
  * hold rounded up to a quarter step each. What a step maps beyond a stream's needs is memory no
@@ -291,6 +303,10 @@ own_steps(CUstream s1, CUstream s2)
 
 	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
 	atomic_store(&TH_POOL(pool)->threads_met, true);
+	/* Hot streams, as threads that allocate this fast are: a slow one would take the other's
+	 * refill before growing (slow_shares), and the tests before left these two quiet. */
+	set_pace(s1, false);
+	set_pace(s2, false);
 	for (i = 0; i < N; i++)
 		for (k = 0; k < 2; k++)
 			TH_OK(sop_malloc_from_pool_async(&p[k][i], MiB, pool, k ? s2 : s1));
@@ -815,6 +831,7 @@ others_kept(CUstream s1, CUstream s2)
 	TH_ASSERT(2 * th_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT) >=
 		  th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
 	queries = th.sim_calls ? th.sim_calls("cuEventQuery") : 0;
+	set_pace(s2, false); /* a hot stream: a slow one shares (slow_shares) */
 	TH_OK(sop_malloc_from_pool_async(&b, 4 * MiB, pool, s2));
 	/* s1's probes were not asked (simulated driver: its count of queries). */
 	if (th.sim_calls)
@@ -825,6 +842,56 @@ others_kept(CUstream s1, CUstream s2)
 	TH_ASSERT(c == a);
 	TH_OK(sop_free_async(b, s2));
 	TH_OK(sop_free_async(c, s1));
+	TH_OK(sop_free_async(big, s1));
+	TH_OK(sop_stream_synchronize(s1));
+	TH_OK(sop_stream_synchronize(s2));
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+}
+
+/* The same with s2 slow (it freed less often than once in 100 us when last paced): before it
+ * grows, s1's completed free goes to the heap and serves it, in s1's segment, as the driver's
+ * pool would serve it. And each of s2's next frees gets a probe, where a hot stream's get none
+ * until the 64th. */
+static void
+slow_shares(CUstream s1, CUstream s2)
+{
+	cuuint64_t keep = UINT64_MAX;
+	sop_pool_t pool = th_pool(0, 0);
+	struct sop_pool *p = TH_POOL(pool);
+	int on = 1, i;
+	void *big, *a, *b, *x[4];
+	unsigned long records;
+	uint64_t reserved;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &on));
+	atomic_store(&p->threads_met, true);
+	TH_OK(sop_malloc_from_pool_async(&big, 12 * MiB, pool, s1));
+	TH_OK(sop_malloc_from_pool_async(&a, 4 * MiB, pool, s1));
+	TH_OK(sop_free_async(a, s1)); /* s1's first free: it gets a probe */
+	while (th.cuStreamQuery(s1) == CUDA_ERROR_NOT_READY) /* no synchronization for sop */
+		;
+	reserved = th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+	set_pace(s2, true);
+	TH_OK(sop_malloc_from_pool_async(&b, 4 * MiB, pool, s2));
+	TH_ASSERT(b == a);
+	TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), reserved);
+	/* Probes: s2's first free gets one as any stream's first; the next ones each one more,
+	 * while s2 is slow, and none once it is hot. */
+	for (i = 0; i < 4; i++)
+		TH_OK(sop_malloc_from_pool_async(&x[i], 4096, pool, s2));
+	TH_OK(sop_free_async(x[0], s2));
+	records = th.sim_calls ? th.sim_calls("cuEventRecord") : 0;
+	TH_OK(sop_free_async(x[1], s2));
+	TH_OK(sop_free_async(x[2], s2));
+	if (th.sim_calls)
+		TH_EQ(th.sim_calls("cuEventRecord"), records + 2);
+	set_pace(s2, false);
+	TH_OK(sop_free_async(x[3], s2));
+	if (th.sim_calls)
+		TH_EQ(th.sim_calls("cuEventRecord"), records + 2);
+	TH_OK(sop_free_async(b, s2));
 	TH_OK(sop_free_async(big, s1));
 	TH_OK(sop_stream_synchronize(s1));
 	TH_OK(sop_stream_synchronize(s2));
@@ -892,6 +959,7 @@ main(void)
 		affinity_below_high(s, s2);
 		adopt_part(s, s2);
 		others_kept(s, s2);
+		slow_shares(s, s2);
 		others_asked_at_cap(s, s2);
 		reclaim(s, s2);
 		th_stream_destroy(s2);
