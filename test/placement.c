@@ -285,6 +285,16 @@ set_pace(CUstream s, bool slow)
 	atomic_store(&st->slow_probes, slow ? 64u : 0u);
 }
 
+/* Both streams' frees completed, the pool checked and destroyed. */
+static void
+end_two(sop_pool_t pool, CUstream s1, CUstream s2)
+{
+	TH_OK(sop_stream_synchronize(s1));
+	TH_OK(sop_stream_synchronize(s2));
+	TH_CHECK(pool);
+	TH_OK(sop_pool_destroy(pool));
+}
+
 /* Once threads have met, a stream's own segment grows by SOP_OWN_STEP however much it maps:
  * two streams that each keep 100 MiB of 1 MiB blocks, allocating in turn, reserve what they
  * hold rounded up to a quarter step each. What a step maps beyond a stream's needs is memory no
@@ -314,10 +324,7 @@ own_steps(CUstream s1, CUstream s2)
 	for (i = 0; i < N; i++)
 		for (k = 0; k < 2; k++)
 			TH_OK(sop_free_async(p[k][i], k ? s2 : s1));
-	TH_OK(sop_stream_synchronize(s1));
-	TH_OK(sop_stream_synchronize(s2));
-	TH_CHECK(pool);
-	TH_OK(sop_pool_destroy(pool));
+	end_two(pool, s1, s2);
 }
 
 /* Once threads have met, a stream that takes memory from a larger segment of nobody's adopts a
@@ -420,10 +427,7 @@ crowd_teardown(sop_pool_t pool, CUstream s1, CUstream s2, struct th_gate *gate, 
 	th_gate_open(gate);
 	TH_OK(sop_free_async(a, s1));
 	TH_OK(sop_free_async(g, s1));
-	TH_OK(sop_stream_synchronize(s1));
-	TH_OK(sop_stream_synchronize(s2));
-	TH_CHECK(pool);
-	TH_OK(sop_pool_destroy(pool));
+	end_two(pool, s1, s2);
 }
 
 /* The stream's memory comes first (crowd_setup): a request on s2 that fits its large cached
@@ -802,6 +806,26 @@ reclaim(CUstream s, CUstream s2)
 	TH_OK(sop_pool_destroy(pool));
 }
 
+/* A pool where threads have met, with the opportunistic policy: s1 holds 12 MiB (*big) and
+ * has freed a 4 MiB block (*a), complete on the device, which nobody synchronized. */
+static sop_pool_t
+completed_free(CUstream s1, void **big, void **a)
+{
+	cuuint64_t keep = UINT64_MAX;
+	sop_pool_t pool = th_pool(0, 0);
+	int on = 1;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &on));
+	atomic_store(&TH_POOL(pool)->threads_met, true);
+	TH_OK(sop_malloc_from_pool_async(big, 12 * MiB, pool, s1));
+	TH_OK(sop_malloc_from_pool_async(a, 4 * MiB, pool, s1));
+	TH_OK(sop_free_async(*a, s1)); /* s1's first free: it gets a probe */
+	while (th.cuStreamQuery(s1) == CUDA_ERROR_NOT_READY) /* no synchronization for sop */
+		;
+	return pool;
+}
+
 /* Threads have met, and the pool can grow by the rule of segment affinity (its reserved memory
  * within twice its live memory). s1's freed 4 MiB block is complete, but nobody synchronized.
  * A 4 MiB request on s2, which nothing fits, grows a segment of s2's own without asking s1's
@@ -811,22 +835,12 @@ reclaim(CUstream s, CUstream s2)
 static void
 others_kept(CUstream s1, CUstream s2)
 {
-	cuuint64_t keep = UINT64_MAX;
-	sop_pool_t pool = th_pool(0, 0);
-	struct sop_pool *p = TH_POOL(pool);
-	int on = 1;
 	void *big, *a, *b, *c;
+	sop_pool_t pool = completed_free(s1, &big, &a);
+	struct sop_pool *p = TH_POOL(pool);
 	size_t heap;
 	unsigned long queries;
 
-	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
-	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &on));
-	atomic_store(&p->threads_met, true);
-	TH_OK(sop_malloc_from_pool_async(&big, 12 * MiB, pool, s1));
-	TH_OK(sop_malloc_from_pool_async(&a, 4 * MiB, pool, s1));
-	TH_OK(sop_free_async(a, s1)); /* s1's first free: it gets a probe */
-	while (th.cuStreamQuery(s1) == CUDA_ERROR_NOT_READY) /* no synchronization for sop */
-		;
 	heap = sop__bins_bytes(&p->heap);
 	TH_ASSERT(2 * th_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT) >=
 		  th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
@@ -843,10 +857,7 @@ others_kept(CUstream s1, CUstream s2)
 	TH_OK(sop_free_async(b, s2));
 	TH_OK(sop_free_async(c, s1));
 	TH_OK(sop_free_async(big, s1));
-	TH_OK(sop_stream_synchronize(s1));
-	TH_OK(sop_stream_synchronize(s2));
-	TH_CHECK(pool);
-	TH_OK(sop_pool_destroy(pool));
+	end_two(pool, s1, s2);
 }
 
 /* The same with s2 slow (it freed less often than once in 100 us when last paced): before it
@@ -856,22 +867,12 @@ others_kept(CUstream s1, CUstream s2)
 static void
 slow_shares(CUstream s1, CUstream s2)
 {
-	cuuint64_t keep = UINT64_MAX;
-	sop_pool_t pool = th_pool(0, 0);
-	struct sop_pool *p = TH_POOL(pool);
-	int on = 1, i;
 	void *big, *a, *b, *x[4];
+	sop_pool_t pool = completed_free(s1, &big, &a);
 	unsigned long records;
 	uint64_t reserved;
+	int i;
 
-	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
-	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &on));
-	atomic_store(&p->threads_met, true);
-	TH_OK(sop_malloc_from_pool_async(&big, 12 * MiB, pool, s1));
-	TH_OK(sop_malloc_from_pool_async(&a, 4 * MiB, pool, s1));
-	TH_OK(sop_free_async(a, s1)); /* s1's first free: it gets a probe */
-	while (th.cuStreamQuery(s1) == CUDA_ERROR_NOT_READY) /* no synchronization for sop */
-		;
 	reserved = th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
 	set_pace(s2, true);
 	TH_OK(sop_malloc_from_pool_async(&b, 4 * MiB, pool, s2));
@@ -893,10 +894,7 @@ slow_shares(CUstream s1, CUstream s2)
 		TH_EQ(th.sim_calls("cuEventRecord"), records + 2);
 	TH_OK(sop_free_async(b, s2));
 	TH_OK(sop_free_async(big, s1));
-	TH_OK(sop_stream_synchronize(s1));
-	TH_OK(sop_stream_synchronize(s2));
-	TH_CHECK(pool);
-	TH_OK(sop_pool_destroy(pool));
+	end_two(pool, s1, s2);
 }
 
 /* The same, at the pool's maxSize: growth fails, and s1's completed free, which the request was
@@ -925,10 +923,7 @@ others_asked_at_cap(CUstream s1, CUstream s2)
 	TH_ASSERT(b == a);
 	TH_OK(sop_free_async(b, s2));
 	TH_OK(sop_free_async(big, s1));
-	TH_OK(sop_stream_synchronize(s1));
-	TH_OK(sop_stream_synchronize(s2));
-	TH_CHECK(pool);
-	TH_OK(sop_pool_destroy(pool));
+	end_two(pool, s1, s2);
 }
 
 int
