@@ -561,13 +561,18 @@ sop__stream_ctx_reset(uint64_t ctx_id, CUcontext ctx)
 
 	/* Every record of the context, those no state holds too: their events would become
 	 * spares when their records are freed. Counted first: a record freed from now on whose
-	 * events are older only forgets them (events_give). */
+	 * events are older only forgets them (events_give). By the context's handle too, which a
+	 * primary context keeps across resets: the legacy and per-thread streams outlive a reset
+	 * with their ids, and their records keep the context's id of before, while their probes
+	 * after it hold events of the context's new life, which this reset destroys (a second
+	 * reset's walk passed them, and a poll then queried a dead event: test/preload.c,
+	 * --reset). Records of other contexts never made events. */
 	atomic_fetch_add(&primary_resets, 1);
 	for (i = 0; i < STREAM_SHARDS; i++) {
 		sop__mutex_take(&shards[i].lock, SOP_RANK_SHARD);
 		for (j = 0; j < STREAM_BUCKETS; j++) {
 			for (st = shards[i].bucket[j]; st; st = st->hash_next) {
-				if (st->ctx_id != ctx_id)
+				if (st->ctx_id != ctx_id && st->ctx != ctx)
 					continue;
 				sop__mutex_take(&st->lock, SOP_RANK_RECORD);
 				events_forget(st, true); /* alive until the reset */
