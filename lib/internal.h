@@ -632,7 +632,8 @@ void sop__stream_probe(struct sop__stream *st, CUstream handle, uint64_t seq);
  * current call, checked. */
 void sop__probe_all_frees(struct sop__stream *st, CUstream handle);
 /* From a slow path of one of the stream's pools: if a millisecond or more has passed since the
- * last time, whether the stream freed slowly since (then its next frees get a probe each). */
+ * first free after the last time, whether the stream freed slowly since (then its next frees
+ * get a probe each). */
 void sop__stream_pace(struct sop__stream *st);
 /* Whether the stream freed slowly when last paced. */
 bool sop__stream_slow(const struct sop__stream *st);

@@ -936,9 +936,9 @@ count_probe_due(const struct sop__stream *st, unsigned since, bool lone)
 				 PROBE_GAP_NS);
 }
 
-/* A stream is paced over at least this long (sop__stream_pace), and counts as slow if it freed
- * less often than once in PACE_SLOW_NS on average; then its next SLOW_PROBES frees get a probe
- * each, or until it is paced again.
+/* A stream is paced over at least this long from a free (sop__stream_pace), and counts as slow
+ * if it freed less often than once in PACE_SLOW_NS on average since; then its next SLOW_PROBES
+ * frees get a probe each, or until it is paced again.
  *
  * Threads that allocate between a framework's Python lines, or between kernels they wait for,
  * free every few hundred microseconds: a probe by count, every PROBE_EVERY frees, comes tens of
@@ -960,17 +960,20 @@ count_probe_due(const struct sop__stream *st, unsigned since, bool lone)
 void
 sop__stream_pace(struct sop__stream *st)
 {
-	uint64_t t = sop__now_ns(), t0 = atomic_load_explicit(&st->pace_ns, memory_order_relaxed);
-	unsigned n;
+	unsigned n = atomic_load_explicit(&st->frees_paced, memory_order_relaxed);
+	uint64_t t, t0;
 
-	if (!t0)
-		t0 = st->born_ns;
+	/* The window opens at a free (sop__stream_after_free), so that what the stream
+	 * allocated before it, freeing nothing, does not make it look slow. */
+	if (n < 2)
+		return;
+	t = sop__now_ns();
+	t0 = atomic_load_explicit(&st->pace_ns, memory_order_relaxed);
 	if (t - t0 < PACE_WINDOW_NS)
 		return;
-	n = atomic_exchange_explicit(&st->frees_paced, 0, memory_order_relaxed);
-	atomic_store_explicit(&st->pace_ns, t, memory_order_relaxed);
+	atomic_store_explicit(&st->frees_paced, 0, memory_order_relaxed);
 	atomic_store_explicit(&st->slow_probes,
-			      n && (uint64_t)n * PACE_SLOW_NS < t - t0 ? SLOW_PROBES : 0,
+			      (uint64_t)(n - 1) * PACE_SLOW_NS < t - t0 ? SLOW_PROBES : 0,
 			      memory_order_relaxed);
 }
 
@@ -1019,13 +1022,14 @@ sop__stream_after_free(struct sop__stream *st, CUstream handle, uint64_t seq, bo
 	uint64_t newest = atomic_load_explicit(&st->newest, memory_order_relaxed);
 	/* A load and a store, not an atomic add: frees racing on one stream may lose a count,
 	 * which only puts off a probe, and a locked add stalled every free on its line. */
-	unsigned since = atomic_load_explicit(&st->frees_since, memory_order_relaxed) + 1;
+	unsigned since = atomic_load_explicit(&st->frees_since, memory_order_relaxed) + 1, paced;
 	bool due;
 
 	atomic_store_explicit(&st->frees_since, since, memory_order_relaxed);
-	atomic_store_explicit(&st->frees_paced,
-			      atomic_load_explicit(&st->frees_paced, memory_order_relaxed) + 1,
-			      memory_order_relaxed);
+	paced = atomic_load_explicit(&st->frees_paced, memory_order_relaxed) + 1;
+	atomic_store_explicit(&st->frees_paced, paced, memory_order_relaxed);
+	if (paced == 1) /* a pacing window opens (sop__stream_pace) */
+		atomic_store_explicit(&st->pace_ns, sop__now_ns(), memory_order_relaxed);
 	if (newest >= seq)
 		return; /* a probe recorded since covers this free */
 	/* Also when the newest probe is known complete and the stream has been marked since (a

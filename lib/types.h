@@ -598,8 +598,8 @@ struct sop__stream {
 	_Atomic uint64_t newest;  /* epoch of the newest probe, 0 if none */
 	_Atomic uint64_t last_free; /* the tag of the latest free on it, in any pool */
 	atomic_uint frees_since;  /* frees since the last probe */
-	/* Its pace, as its pools' slow paths see it (sop__stream_pace): frees since pace_ns, and
-	 * how many of its next frees get a probe each for its being slow. */
+	/* Its pace, as its pools' slow paths see it (sop__stream_pace): frees since pace_ns (the
+	 * first of them), and how many of its next frees get a probe each for its being slow. */
 	atomic_uint frees_paced;
 	atomic_uint slow_probes;
 	_Atomic uint64_t pace_ns;

@@ -274,14 +274,14 @@ affinity(CUstream s1, CUstream s2)
 }
 
 /* Make s's record hot (slow false) or slow, as its last pacing found it (order.c,
- * sop__stream_pace), for a millisecond from now. */
+ * sop__stream_pace), until a millisecond after its next free. */
 static void
 set_pace(CUstream s, bool slow)
 {
 	struct sop__stream *st;
 
 	TH_OK(sop__stream_lookup(s, false, &st));
-	atomic_store(&st->pace_ns, sop__now_ns());
+	atomic_store(&st->frees_paced, 0);
 	atomic_store(&st->slow_probes, slow ? 64u : 0u);
 }
 
