@@ -439,8 +439,11 @@ main(int argc, char **argv)
 	 * after it (288 a task); none after the synchronization, which showed every free
 	 * complete (was 6 records a task: event records on streams that come and go slow the
 	 * driver's stream creation and destruction in every thread, by about 2 us each at sixteen
-	 * threads on the H100). */
-	TH_ASSERT(per(&a, &b, "cuEventRecord") <= 5 * n);
+	 * threads on the H100). Where most tasks took longer than a millisecond (a sanitizer, a
+	 * loaded machine), a stream may have freed less than once in 100 us over a pacing window,
+	 * and a slow stream gets a probe at each of its next frees (order.c, sop__stream_pace). */
+	if (young * 2 >= n)
+		TH_ASSERT(per(&a, &b, "cuEventRecord") <= 5 * n);
 	if (opt.report)
 		printf("%ld of %d tasks within a millisecond\n", young, opt.tasks);
 	/* Probe events come from spares, which the records of destroyed streams give back (was 4
