@@ -23,6 +23,18 @@ def rng(label, key, scale=1.0, fmt="%.1f"):
     return (fmt % m) + (" (" + fmt % min(v) + "-" + fmt % max(v) + ")" if len(v) > 1 else "")
 
 
+def over(label, num, den):
+    """The medians' ratio num / den of a label's runs, or "-"."""
+    a, b = med(label, num), med(label, den)
+    return "%.3f" % (a / b) if a and b else "-"
+
+
+def pytorch_modes(prefix):
+    """PyTorch's three modes of a program whose labels start with prefix."""
+    return {prefix + "-native": "native caching allocator", prefix + "-driver": "cudaMallocAsync, driver's pool",
+            prefix + "-sop": "cudaMallocAsync under sop-run"}
+
+
 def failed(label):
     return sum(1 for r in by.get(label, []) if r.get("failed"))
 
@@ -35,16 +47,13 @@ if any(k.startswith("torch-") for k in by):
     lines += ["## PyTorch: GPT-style training, shapes changing every step (torch_gpt.py)", "",
               "| allocator | median step ms | p90 step ms | peak reserved GiB | peak allocated GiB | reserved / allocated | device used GiB | final loss | failed runs |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    names = {"torch-native": "native caching allocator", "torch-driver": "cudaMallocAsync, driver's pool",
-             "torch-sop": "cudaMallocAsync under sop-run"}
-    for k, name in names.items():
+    for k, name in pytorch_modes("torch").items():
         if k not in by:
             continue
-        res, alloc = med(k, "peak_reserved"), med(k, "peak_allocated")
-        ratio = "%.3f" % (res / alloc) if res and alloc else "-"
         lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %d |" % (
             name, rng(k, "median_ms"), rng(k, "p90_ms"), rng(k, "peak_reserved", GiB, "%.2f"),
-            rng(k, "peak_allocated", GiB, "%.2f"), ratio, rng(k, "device_used_peak", GiB, "%.2f"),
+            rng(k, "peak_allocated", GiB, "%.2f"), over(k, "peak_reserved", "peak_allocated"),
+            rng(k, "device_used_peak", GiB, "%.2f"),
             rng(k, "loss_last", 1.0, "%.4f"), failed(k)))
     d, s, n = med("torch-driver", "median_ms"), med("torch-sop", "median_ms"), med("torch-native", "median_ms")
     rd, rs = med("torch-driver", "peak_reserved"), med("torch-sop", "peak_reserved")
@@ -84,15 +93,12 @@ if any(k.startswith("serve-") for k in by):
     lines += ["## PyTorch: an inference server's 4 worker threads on streams of their own (torch_serve.py)", "",
               "| allocator | requests / s | peak reserved MiB | peak allocated MiB | reserved / allocated | checksum | failed runs |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
-    names = {"serve-native": "native caching allocator", "serve-driver": "cudaMallocAsync, driver's pool",
-             "serve-sop": "cudaMallocAsync under sop-run"}
-    for k, name in names.items():
+    for k, name in pytorch_modes("serve").items():
         if k not in by:
             continue
-        res, alloc = med(k, "peak_reserved"), med(k, "peak_allocated")
         lines.append("| %s | %s | %s | %s | %s | %s | %d |" % (
             name, rng(k, "requests_per_s"), rng(k, "peak_reserved", MiB, "%.0f"),
-            rng(k, "peak_allocated", MiB, "%.0f"), "%.3f" % (res / alloc) if res and alloc else "-",
+            rng(k, "peak_allocated", MiB, "%.0f"), over(k, "peak_reserved", "peak_allocated"),
             rng(k, "checksum", 1.0, "%.4f"), failed(k)))
     d, s_ = med("serve-driver", "requests_per_s"), med("serve-sop", "requests_per_s")
     rd, rs = med("serve-driver", "peak_reserved"), med("serve-sop", "peak_reserved")
