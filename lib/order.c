@@ -562,11 +562,14 @@ sop__stream_ctx_reset(uint64_t ctx_id, CUcontext ctx)
 	/* Every record of the context, those no state holds too: their events would become
 	 * spares when their records are freed. Counted first: a record freed from now on whose
 	 * events are older only forgets them (events_give). By the context's handle too, which a
-	 * primary context keeps across resets: the legacy and per-thread streams outlive a reset
-	 * with their ids, and their records keep the context's id of before, while their probes
-	 * after it hold events of the context's new life, which this reset destroys (a second
-	 * reset's walk passed them, and a poll then queried a dead event: test/preload.c,
-	 * --reset). Records of other contexts never made events. */
+	 * primary context keeps across resets, so that no record of a stream the reset destroys
+	 * is passed whatever id it was given. On an H200 (driver 580) the legacy and per-thread
+	 * streams come back from a reset with new ids, and so with new records of the new
+	 * context id; a driver that kept their ids would leave their records with the id of
+	 * before while their probes hold events of the new life, which this reset destroys (a
+	 * poll then queries a dead event: test/preload.c, --reset, on the simulated driver
+	 * before it gave new ids). Records of the lives before match again, their events
+	 * forgotten already. Records of other contexts never made events. */
 	atomic_fetch_add(&primary_resets, 1);
 	for (i = 0; i < STREAM_SHARDS; i++) {
 		sop__mutex_take(&shards[i].lock, SOP_RANK_SHARD);

@@ -49,7 +49,8 @@
 	X(cuInit) X(cuDriverGetVersion) X(cuGetErrorString) X(cuGetErrorName) \
 	X(cuGetProcAddress) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) \
 	X(cuDeviceTotalMem) X(cuDeviceGetAttribute) X(cuDeviceCanAccessPeer) \
-	X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxGetCurrent) \
+	X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxReset) \
+	X(cuCtxGetCurrent) \
 	X(cuCtxSetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuCtxGetDevice) \
 	X(cuCtxCreate) X(cuCtxDestroy) \
 	X(cuCtxSynchronize) X(cuCtxGetId) X(cuMemGetInfo) \
@@ -1345,6 +1346,70 @@ static void test_fresh_handles(void)
 
 /* ---- created contexts ---- */
 
+/*
+ * A reset ends the primary context's life: its streams and events die, calls in it fail until
+ * it is retained again, and the handle it comes back with is the same, with a new id. Its
+ * legacy and per-thread streams are new ones too, with new ids, as on an H200 (driver 580: the
+ * legacy stream's id went from 7 to 16 over a reset, the per-thread stream's from 13 to 22): a
+ * record that names a stream by its id meets them as streams it never saw.
+ */
+static void test_primary_reset(void)
+{
+	unsigned long long cid, cid2, leg, leg2, pt, pt2, sid, sid2, again;
+	CUcontext c, c2, got;
+	CUstream s, t;
+	CUevent e;
+
+	OK(drv.cuDevicePrimaryCtxRetain(&c, 1));
+	OK(drv.cuCtxPushCurrent(c));
+	OK(drv.cuCtxGetId(c, &cid));
+	OK(drv.cuStreamGetId(CU_STREAM_LEGACY, &leg));
+	OK(drv.cuStreamGetId(CU_STREAM_PER_THREAD, &pt));
+	OK(drv.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	OK(drv.cuStreamGetId(s, &sid));
+	OK(drv.cuEventCreate(&e, 0));
+	log_reset();
+	OK(log_on(CU_STREAM_LEGACY, 'L'));
+	OK(log_on(CU_STREAM_PER_THREAD, 'P'));
+	OK(drv.cuEventRecord(e, s));
+
+	/* The work queued runs first. */
+	OK(drv.cuDevicePrimaryCtxReset(1));
+	CHECK(log_is("LP"));
+	CHECK_RC(drv.cuStreamCreate(&t, CU_STREAM_NON_BLOCKING), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+	CHECK_RC(drv.cuStreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
+	CHECK_RC(drv.cuEventQuery(e), CUDA_ERROR_INVALID_HANDLE);
+
+	OK(drv.cuDevicePrimaryCtxRetain(&c2, 1));
+	CHECK(c2 == c);
+	OK(drv.cuCtxGetId(c2, &cid2));
+	CHECK(cid2 != cid);
+	OK(drv.cuStreamGetId(CU_STREAM_LEGACY, &leg2));
+	OK(drv.cuStreamGetId(CU_STREAM_PER_THREAD, &pt2));
+	CHECK(leg2 != leg && leg2 != pt && leg2 != sid);
+	CHECK(pt2 != pt && pt2 != leg && pt2 != sid && pt2 != leg2);
+	/* The same streams from then on. */
+	OK(drv.cuStreamGetId(NULL, &again));
+	CHECK(again == leg2);
+	OK(drv.cuStreamGetId(CU_STREAM_PER_THREAD, &again));
+	CHECK(again == pt2);
+	OK(drv.cuStreamCreate(&t, CU_STREAM_NON_BLOCKING));
+	OK(drv.cuStreamGetId(t, &sid2));
+	CHECK(sid2 != sid && sid2 != leg2 && sid2 != pt2);
+	/* And they run work. */
+	log_reset();
+	OK(log_on(NULL, 'M'));
+	OK(drv.cuStreamSynchronize(NULL));
+	OK(log_on(CU_STREAM_PER_THREAD, 'N'));
+	OK(drv.cuStreamSynchronize(CU_STREAM_PER_THREAD));
+	OK(log_on(t, 'T'));
+	OK(drv.cuStreamSynchronize(t));
+	CHECK(log_is("MNT"));
+	OK(drv.cuStreamDestroy(t));
+	OK(drv.cuCtxPopCurrent(&got));
+	CHECK(got == c2);
+}
+
 static void test_created_contexts(void)
 {
 	CUctxCreateParams params;
@@ -2049,6 +2114,7 @@ int main(int argc, char **argv)
 	run("fresh-handles", test_fresh_handles);
 	run("created-contexts", test_created_contexts);
 	run("context-destroyed-elsewhere", test_context_destroyed_elsewhere);
+	run("primary-reset", test_primary_reset);
 	run("threads", test_threads);
 	run("threads-handles", test_threads_handles);
 	run("handle-churn", test_handle_churn);

@@ -264,7 +264,9 @@ struct sim_ctx {
 	uint64_t handle;	/* primary: the object's address; created: from sim-handle.c */
 	int device;
 	bool primary;
-	uint64_t serial;	/* never reused, unlike handle values and addresses */
+	/* Never reused, unlike handle values and addresses; a primary context's changes at each
+	 * reset, which ends its per-thread streams. */
+	_Atomic uint64_t serial;
 	atomic_long refs;	/* primary context retain count */
 	atomic_ullong id;	/* primary: changes on every activation */
 	/*
@@ -282,8 +284,11 @@ struct sim_ctx {
 	 * streams, and guards the lists below. Taken before any stream lock.
 	 */
 	pthread_mutex_t lock;
-	/* Created on first use and kept until the context is freed; read without the lock. */
+	/* Created on first use and kept until the context is freed or reset; read without the
+	 * lock. A reset retires it, and keeps it on legacy_old (under the lock) for readers that
+	 * still hold it, until the context is freed: a primary context's never is. */
 	_Atomic(struct sim_stream *) legacy;
+	struct sim_stream *legacy_old;
 	struct sim_stream *streams;	/* every stream whose worker still runs */
 	struct sim_event *events;	/* events not destroyed */
 	struct sim_ctx *created_next;	/* list of created contexts not yet freed */
@@ -375,8 +380,10 @@ void sim_stream_thread_exit(struct sim_thread *t);
  * cuCtxDestroy's part in sim-stream.c: waits until no stream of ctx has work
  * queued, then destroys its streams and events and retires its legacy and
  * per-thread streams. The caller has marked ctx destroyed. With reset (a
- * primary context's cuDevicePrimaryCtxReset), the context goes on: its legacy
- * and per-thread streams stay.
+ * primary context's cuDevicePrimaryCtxReset), the context goes on, and its
+ * legacy and per-thread streams are new ones at their next use, with new ids,
+ * as on an H200 (driver 580: the legacy stream's id went from 7 to 16 over a
+ * reset, the per-thread stream's from 13 to 22).
  */
 void sim_stream_ctx_destroy(struct sim_ctx *ctx, bool reset);
 /* Lets go of what ctx still holds in sim-stream.c, when the context is freed. */

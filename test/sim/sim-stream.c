@@ -114,6 +114,7 @@ struct sim_stream {
 	uint64_t handle;		/* user streams: the value handed out */
 	atomic_long refs;
 	struct sim_stream *ctx_next;	/* ctx->streams, under ctx->lock */
+	struct sim_stream *old_next;	/* a reset legacy stream's: ctx->legacy_old, under ctx->lock */
 
 	pthread_mutex_t lock;		/* everything below */
 	pthread_cond_t work_cv;		/* to the worker: new op, or retired */
@@ -594,12 +595,13 @@ static CUresult ctx_per_thread(struct sim_ctx *ctx, struct sim_stream **out)
 
 	/* By serial: a context's address and handle value may be another's later. */
 	for (pt = t->per_thread; pt; pt = pt->next) {
-		if (pt->ctx_serial == ctx->serial) {
+		if (pt->ctx_serial == atomic_load(&ctx->serial)) {
 			*out = pt->stream;
 			return CUDA_SUCCESS;
 		}
 	}
-	/* cuCtxDestroy retired the streams of destroyed contexts; let go of them here. */
+	/* cuCtxDestroy retired the streams of destroyed contexts, and a reset those of the
+	 * primary context's life before; let go of them here. */
 	for (link = &t->per_thread; (pt = *link);) {
 		if (stream_retired(pt->stream)) {
 			*link = pt->next;
@@ -619,7 +621,7 @@ static CUresult ctx_per_thread(struct sim_ctx *ctx, struct sim_stream **out)
 		free(pt);
 		return rc;
 	}
-	pt->ctx_serial = ctx->serial;
+	pt->ctx_serial = atomic_load(&ctx->serial);
 	pt->next = t->per_thread;
 	t->per_thread = pt;
 	*out = pt->stream;
@@ -1744,9 +1746,14 @@ void sim_stream_ctx_destroy(struct sim_ctx *ctx, bool reset)
 		stream_put(s);
 	}
 	pthread_mutex_lock(&ctx->lock);
+	/* A reset context's next legacy stream is a new one; this one stays allocated for whoever
+	 * still holds it (ctx_legacy lends it without a reference). Its per-thread streams, retired
+	 * below, are let go of by their threads (ctx_per_thread, sim_stream_thread_exit). */
+	if (reset && (s = atomic_exchange(&ctx->legacy, NULL))) {
+		s->old_next = ctx->legacy_old;
+		ctx->legacy_old = s;
+	}
 	for (s = ctx->streams; s; s = s->ctx_next) {
-		if (reset && s->kind != STREAM_USER)
-			continue;
 		stream_retire(s);
 		/*
 		 * A user stream not destroyed yet lets go of its value, and
@@ -1774,10 +1781,14 @@ void sim_stream_ctx_destroy(struct sim_ctx *ctx, bool reset)
 
 void sim_stream_ctx_free(struct sim_ctx *ctx)
 {
-	struct sim_stream *legacy = atomic_load(&ctx->legacy);
+	struct sim_stream *legacy = atomic_load(&ctx->legacy), *next;
 
 	if (legacy)
 		stream_put(legacy);
+	for (legacy = ctx->legacy_old; legacy; legacy = next) {
+		next = legacy->old_next;
+		stream_put(legacy);
+	}
 }
 
 void sim_stream_live(struct sim_live *out)

@@ -842,7 +842,8 @@ SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
 }
 
 /* Resetting an active primary context waits for its work, then destroys every stream and event
- * of it: their handles are dead, as after their destroys. Then the context is gone, as if
+ * of it: their handles are dead, as after their destroys, and its legacy and per-thread streams
+ * are new ones, with new ids, at their next use. Then the context is gone, as if
  * released to zero, whoever retained it: on an H200 a call in it answers
  * CUDA_ERROR_CONTEXT_IS_DESTROYED until the next retain, which gives the same handle (and here a
  * fresh id). Memory made with cuMemCreate and its mappings stay whole, as there. Classic
@@ -860,6 +861,8 @@ SIM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
 		sim_stream_ctx_destroy(ctx, true);
 		pthread_mutex_lock(&ctx->lock);
 		atomic_store(&ctx->refs, 0);
+		/* Its per-thread streams are new ones from now on (ctx_per_thread). */
+		atomic_store(&ctx->serial, atomic_fetch_add(&next_serial, 1));
 		pthread_mutex_unlock(&ctx->lock);
 	}
 	return CUDA_SUCCESS;
