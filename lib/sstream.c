@@ -51,9 +51,12 @@ sstream_new(struct sop_pool *pool, uint64_t id, struct sop__stream *st, struct s
 	ss->st = st;
 	ss->active = true; /* about to be used: not for the next retirement pass */
 	ss->next = pool->streams;
+	/* The record names the pool before any thread can find the state: a free another thread
+	 * makes in it as soon as it is published (sop__sstream_find_unlocked), then a
+	 * synchronization of the stream, finds the pool concerned (sync.c, sync_concerns). */
+	sop__stream_pool_add(st, pool->handle);
 	__atomic_store_n(&pool->streams, ss, __ATOMIC_RELEASE); /* sop__sstream_find_unlocked */
 	__atomic_store_n(&pool->n_streams, pool->n_streams + 1, __ATOMIC_RELAXED);
-	sop__stream_pool_add(st, pool->handle);
 	return ss;
 }
 
