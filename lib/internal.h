@@ -603,10 +603,11 @@ struct sop__stream *sop__stream_find(uint64_t id, uint64_t gen);
 /* Every record of the context with this id that a pool's state holds (the others have nothing
  * cached anywhere), held, in a malloc'd array. */
 struct sop__stream **sop__stream_all(uint64_t ctx_id, size_t *n);
-/* The primary context ctx (whose id is ctx_id) is about to be reset, which destroys its events:
- * every probe event of its records, and every spare of it, destroyed now, and the probes they
- * stood for forgotten (what they would have shown is learnt later, never early). */
-void sop__stream_ctx_reset(uint64_t ctx_id, CUcontext ctx);
+/* The primary context ctx is about to be reset, which destroys its events: every probe event
+ * of its records (found by its handle, which outlives resets), and every spare of it, destroyed
+ * now, and the probes they stood for forgotten (what they would have shown is learnt later,
+ * never early). */
+void sop__stream_ctx_reset(CUcontext ctx);
 /* Records in the table, for tests. */
 size_t sop__streams_live(void);
 /* The stream with this id, which stream names now, is about to be destroyed: a last probe

@@ -554,28 +554,25 @@ events_give(struct sop__stream *st)
 }
 
 void
-sop__stream_ctx_reset(uint64_t ctx_id, CUcontext ctx)
+sop__stream_ctx_reset(CUcontext ctx)
 {
 	struct sop__stream *st;
 	unsigned i, j;
 
 	/* Every record of the context, those no state holds too: their events would become
 	 * spares when their records are freed. Counted first: a record freed from now on whose
-	 * events are older only forgets them (events_give). By the context's handle too, which a
-	 * primary context keeps across resets, so that no record of a stream the reset destroys
-	 * is passed whatever id it was given. On an H200 (driver 580) the legacy and per-thread
-	 * streams come back from a reset with new ids, and so with new records of the new
-	 * context id; a driver that kept their ids would leave their records with the id of
-	 * before while their probes hold events of the new life, which this reset destroys (a
-	 * poll then queries a dead event: test/preload.c, --reset, on the simulated driver
-	 * before it gave new ids). Records of the lives before match again, their events
-	 * forgotten already. Records of other contexts never made events. */
+	 * events are older only forgets them (events_give). By the context's handle, which a
+	 * primary context keeps across resets while its id changes: every record of any of its
+	 * lives, whatever id a stream kept (on an H200, driver 580, the legacy and per-thread
+	 * streams come back from a reset with new ids; the simulated driver once kept them, and a
+	 * poll then queried a dead event: test/preload.c, --reset). Records of the lives before
+	 * have forgotten their events already. Records of other contexts never made events. */
 	atomic_fetch_add(&primary_resets, 1);
 	for (i = 0; i < STREAM_SHARDS; i++) {
 		sop__mutex_take(&shards[i].lock, SOP_RANK_SHARD);
 		for (j = 0; j < STREAM_BUCKETS; j++) {
 			for (st = shards[i].bucket[j]; st; st = st->hash_next) {
-				if (st->ctx_id != ctx_id && st->ctx != ctx)
+				if (st->ctx != ctx)
 					continue;
 				sop__mutex_take(&st->lock, SOP_RANK_RECORD);
 				events_forget(st, true); /* alive until the reset */
@@ -953,9 +950,9 @@ count_probe_due(const struct sop__stream *st, unsigned since, bool lone)
  * (bench/results/2026-11-29-h200-clients-threads-probes/). Asking the clock at every free would
  * cost the hot paths a read each, so the pace is taken where the pool lock is taken anyway, and
  * a free reads one counter more: 1.80 and 1.61 (bench/results/2026-11-29-h200-slow-streams-ab/),
- * the harness's figures the same within the lease's spread. A probe costs about as much as 2% of a slow stream's time
- * between two frees; SLOW_PROBES bounds what a stream that turned fast without a slow path
- * since pays. */
+ * the harness's figures the same within the lease's spread. A probe costs about as much as 2%
+ * of a slow stream's time between two frees; SLOW_PROBES bounds what a stream that turned fast
+ * without a slow path since pays. */
 #define PACE_WINDOW_NS 1000000
 #define PACE_SLOW_NS 100000
 #define SLOW_PROBES 64

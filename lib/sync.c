@@ -284,7 +284,7 @@ sop__sync_primary_reset(CUdevice device, CUresult(CUDAAPI *reset)(CUdevice))
 	ctx = sop__driver_primary_held(device);
 	if (ctx && SOP_DRV(cuCtxGetId)(ctx, &ctx_id) == CUDA_SUCCESS) {
 		marks = ctx_marks(ctx_id, &all, &n);
-		sop__stream_ctx_reset(ctx_id, ctx);
+		sop__stream_ctx_reset(ctx);
 	}
 	imports_settle(device);
 	r = reset(device);
