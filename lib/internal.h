@@ -632,9 +632,10 @@ void sop__stream_probe(struct sop__stream *st, CUstream handle, uint64_t seq);
 /* A probe covering every free on st so far, unless one already does; handle names st in the
  * current call, checked. */
 void sop__probe_all_frees(struct sop__stream *st, CUstream handle);
-/* From a slow path of one of the stream's pools: if a millisecond or more has passed since the
- * first free after the last time, whether the stream freed slowly since (then its next frees
- * get a probe each). */
+/* From a slow path of one of the stream's pools, and from every 16th free on it (order.c,
+ * PACE_FREES): if a millisecond or more has passed since the first free after the last time,
+ * whether the stream freed slowly since (then its next frees get a probe each, and it grows
+ * for no segment affinity). */
 void sop__stream_pace(struct sop__stream *st);
 /* Whether the stream freed slowly when last paced. */
 bool sop__stream_slow(const struct sop__stream *st);

@@ -451,6 +451,20 @@ affinity_affordable(struct sop_pool *pool)
 	       used >= pool->used_high;
 }
 
+/* Whether ss should grow a segment of its own rather than take free memory in another stream's
+ * (affinity_affordable), which only pays for a stream whose splits and merges would contend:
+ * not for one paced slow (order.c, sop__stream_pace), which frees every hundred microseconds
+ * or less often. CuPy tasks that each bring a stream, at Python's pace, grew for affinity in
+ * 17 of their 22 growths at eight threads on an H200, while the other streams held memory
+ * whose probes had not yet shown it complete; without those growths, and with every free of
+ * a slow stream probed (order.c, PACE_FREES), they hold what the driver's pool holds
+ * (bench/results/2026-11-29-h200-tasks-affinity/). Pool lock held. */
+static bool
+affinity_pays(struct sop_pool *pool, struct sop__sstream *ss)
+{
+	return !sop__stream_slow(ss->st) && affinity_affordable(pool);
+}
+
 /* Once threads meet in a pool, every request a stream's cache cannot serve takes the pool lock,
  * and a stream that starts empty (a new one, or one whose frees a synchronization gave back)
  * takes it for each of its first requests: sixteen threads whose tasks each make a stream spent
@@ -564,7 +578,7 @@ grow_or_find(struct sop_pool *pool, struct sop__sstream *ss, size_t size, struct
 	while ((r = sop__heap_grow(pool, ss, size, roomy(pool, size), b, from)) ==
 	       CUDA_ERROR_NOT_READY) {
 		*b = best_take(pool, ss, size, from, &crowded);
-		if (*b && (!crowded || !affinity_affordable(pool))) {
+		if (*b && (!crowded || !affinity_pays(pool, ss))) {
 			sop__growth_pass(pool);
 			return CUDA_SUCCESS;
 		}
@@ -630,8 +644,8 @@ alloc_slow_relaxed(struct sop_pool *pool, struct sop__sstream *ss, uint64_t id, 
 	/* Free memory in another stream's segment, once threads meet in the pool: a segment of
 	 * this stream's own, if the pool can grow, costs a step of memory once and keeps this
 	 * thread's splits and merges off the other's lock from then on; not once that would take
-	 * the pool past twice its live memory (affinity_affordable). */
-	if (b && crowded && affinity_affordable(pool)) {
+	 * the pool past twice its live memory, nor for a slow stream (affinity_pays). */
+	if (b && crowded && affinity_pays(pool, ss)) {
 		/* Back first: growth may join the new memory with it. */
 		put_back(pool, b, from);
 		may_home(ss); /* growth homes new segments */

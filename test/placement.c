@@ -897,6 +897,92 @@ slow_shares(CUstream s1, CUstream s2)
 	end_two(pool, s1, s2);
 }
 
+/* Whether s's record counts as slow now (order.c, sop__stream_slow). */
+static bool
+is_slow(CUstream s)
+{
+	struct sop__stream *st;
+
+	TH_OK(sop__stream_lookup(s, false, &st));
+	return sop__stream_slow(st);
+}
+
+/* A stream's frees pace it, with no slow path in between: sixteen frees more than 100 us apart
+ * make it slow, and each of its next frees gets a probe; frees back to back make it hot again
+ * once a millisecond has passed. CuPy's tasks at Python's pace took the slow path too seldom
+ * for its pacing to cover their frees. */
+static void
+paced_by_frees(CUstream s1, CUstream s2)
+{
+	enum { N = 100 };
+	sop_pool_t pool = th_pool(0, 0);
+	static void *p[N];
+	void *a;
+	unsigned long records;
+	int i;
+
+	TH_OK(sop_malloc_from_pool_async(&a, 4096, pool, s1)); /* s2 is not alone in the pool */
+	for (i = 0; i < N; i++)
+		TH_OK(sop_malloc_from_pool_async(&p[i], 4096, pool, s2));
+	set_pace(s2, false);
+	for (i = 0; i < 16; i++) {
+		TH_ASSERT(!is_slow(s2));
+		usleep(150);
+		TH_OK(sop_free_async(p[i], s2));
+	}
+	TH_ASSERT(is_slow(s2));
+	records = th.sim_calls ? th.sim_calls("cuEventRecord") : 0;
+	TH_OK(sop_free_async(p[16], s2));
+	TH_OK(sop_free_async(p[17], s2));
+	if (th.sim_calls)
+		TH_EQ(th.sim_calls("cuEventRecord"), records + 2);
+	/* Back to back: 80 frees within a few milliseconds at most, even under TSan. */
+	for (i = 18; i < 18 + 64; i++)
+		TH_OK(sop_free_async(p[i], s2));
+	usleep(1200);
+	for (; i < N; i++)
+		TH_OK(sop_free_async(p[i], s2));
+	TH_ASSERT(!is_slow(s2));
+	TH_OK(sop_free_async(a, s1));
+	end_two(pool, s1, s2);
+}
+
+/* Growth for segment affinity spares a stream's splits and merges another's segment lock, which
+ * a slow stream does not contend for: where a hot stream's 1 MiB request grows a segment of its
+ * own beside s1's 20 MiB (affinity), a slow one's takes the rest of s1's segment, as the
+ * driver's pool would. */
+static void
+slow_no_affinity(CUstream s1, CUstream s2)
+{
+	cuuint64_t keep = UINT64_MAX;
+	int slow;
+
+	for (slow = 0; slow < 2; slow++) {
+		sop_pool_t pool = th_pool(0, 0);
+		void *a, *b;
+
+		TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+		TH_OK(sop_malloc_from_pool_async(&a, 20 * MiB, pool, s1));
+		TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 32 * MiB);
+		atomic_store(&TH_POOL(pool)->threads_met, true);
+		set_pace(s2, slow);
+		TH_OK(sop_malloc_from_pool_async(&b, MiB, pool, s2));
+		if (slow) {
+			TH_EQ((char *)b - (char *)a, (long)(20 * MiB));
+			TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 32 * MiB);
+		} else {
+			TH_ASSERT(segment_of(pool, b) != segment_of(pool, a));
+			TH_EQ(th_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+			      32 * MiB + SOP_OWN_STEP);
+		}
+		TH_CHECK(pool);
+		TH_OK(sop_free_async(b, s2));
+		TH_OK(sop_free_async(a, s1));
+		end_two(pool, s1, s2);
+	}
+	set_pace(s2, false);
+}
+
 /* The same, at the pool's maxSize: growth fails, and s1's completed free, which the request was
  * not to ask for while the pool could grow, is what serves it (the driver's pool serves it from
  * there too): with the opportunistic policy and internal dependencies off, sop answered out of
@@ -955,6 +1041,8 @@ main(void)
 		adopt_part(s, s2);
 		others_kept(s, s2);
 		slow_shares(s, s2);
+		paced_by_frees(s, s2);
+		slow_no_affinity(s, s2);
 		others_asked_at_cap(s, s2);
 		reclaim(s, s2);
 		th_stream_destroy(s2);
