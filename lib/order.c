@@ -949,18 +949,17 @@ count_probe_due(const struct sop__stream *st, unsigned since, bool lone)
  * completed frees shared before growth (reuse.c), 1.39 and 1.45
  * (bench/results/2026-11-29-h200-clients-threads-probes/). Asking the clock at every free would
  * cost the hot paths a read each, so the pace is taken where the pool lock is taken anyway, and
- * every PACE_FREES frees. A probe costs about as much as 2% of a slow stream's time between two
- * frees; SLOW_PROBES bounds what a stream that turned fast pays before it is paced again. */
+ * every PACE_FREES frees: a slow path alone came too seldom to a stream its cache served, whose
+ * frees went unprobed after its first SLOW_PROBES. At Python's pace a window holds 16 frees or
+ * more, so a slow stream's probes never run out. With that, and no growth for segment affinity
+ * for a slow stream (reuse.c, affinity_pays), CuPy's tasks held 1.38 and 1.37 times their live
+ * peak at four and eight threads, against 1.83 and 1.65 paced at slow paths only and the
+ * driver's pool's 1.72 and 1.35 (bench/results/2026-11-29-h200-tasks-affinity/). A probe costs
+ * about as much as 2% of a slow stream's time between two frees; SLOW_PROBES bounds what a
+ * stream that turned fast pays before it is paced again. */
 #define PACE_WINDOW_NS 1000000
 #define PACE_SLOW_NS 100000
 #define SLOW_PROBES 64
-/* The free path paces its stream every PACE_FREES frees as well, a clock read each time: a slow
- * path alone came too seldom to a stream its cache served, whose frees went unprobed after its
- * first SLOW_PROBES. At Python's pace a window holds 16 frees or more, and a slow stream's
- * probes never run out; a slow stream also no longer grows for segment affinity (reuse.c,
- * affinity_pays). CuPy's tasks then held 1.38 and 1.37 times their live peak at four and eight
- * threads, against 1.83 and 1.65 paced at slow paths only and the driver's pool's 1.72 and 1.35
- * (bench/results/2026-11-29-h200-tasks-affinity/). */
 #define PACE_FREES 16
 
 void
