@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bash bench/record.sh OUTDIR [--integrity SEC] [--seed N]: a run of record in one command, as
-# the docs' figures need one: on one machine and one tree, the GPU suite (gpu-suite.txt), then
-# the full harness (bench/run.sh: results.md and the rest), then the data-integrity stress with
-# sixteen threads for SEC seconds (integrity.txt; default 300, 0 for none), all into OUTDIR.
+# the docs' figures need one: on one machine and one tree, the GPU suite (gpu-suite.txt, its log
+# gpu-testlog.txt), then the full harness (bench/run.sh: results.md and the rest), then the
+# data-integrity stress with sixteen threads for SEC seconds (integrity.txt; default 300, 0 for
+# none), all into OUTDIR.
 # The library is built with link-time optimization, by the first compiler that can link with it
 # (bench/lto-cc.sh: the one CC names, the system gcc, cc). Each step prints the seconds
 # it ended at, so that a caller with a time limit can size --integrity: the suite takes about
@@ -44,6 +45,8 @@ mark "built"
 
 meson test -C "$tests" --suite gpu --print-errorlogs >"$out/gpu-suite.txt" 2>&1
 suite=$?
+# The tests' own output (the pressure model's misses, the integrity counts) is only in the log.
+cp "$tests/meson-logs/testlog.txt" "$out/gpu-testlog.txt" 2>/dev/null
 grep -E "^ *(Ok|Fail|Skipped|Timeout):" "$out/gpu-suite.txt"
 grep -E "^ *[0-9]+/[0-9]+ " "$out/gpu-suite.txt" | grep -vE " (OK|SKIP) "
 mark "GPU suite done (exit $suite)"
