@@ -45,15 +45,16 @@ total_calls(unsigned long long *record, unsigned long long *ids)
 	return sum;
 }
 
-/* Wall time less the thread's CPU time: with from 0, a mark to pass back; with the mark, the
- * nanoseconds the thread spent off its CPU since. */
-static uint64_t
-off_cpu_ns(uint64_t from)
+/* Wall time less the thread's CPU time: the nanoseconds the thread spent off its CPU between two
+ * marks are the second less the first. That can come out a little below zero, where the thread's
+ * CPU clock ran ahead of the wall clock (on an H200's host, once): read as none. */
+static int64_t
+off_cpu_mark(void)
 {
 	struct timespec cpu;
 
 	TH_ASSERT(clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0);
-	return sop__now_ns() - ((uint64_t)cpu.tv_sec * 1000000000u + (uint64_t)cpu.tv_nsec) - from;
+	return (int64_t)sop__now_ns() - ((int64_t)cpu.tv_sec * 1000000000 + cpu.tv_nsec);
 }
 
 static void
@@ -74,6 +75,7 @@ main(void)
 {
 	unsigned long long before, after, rec0, rec1, id0, id1, cap0;
 	uint64_t t0, t1, off;
+	int64_t mark;
 	const char *names[1];
 	unsigned long long counts[1];
 	size_t n = 0;
@@ -115,9 +117,10 @@ main(void)
 	pairs(pool, s);
 	before = total_calls(&rec0, &id0);
 	cap0 = captures;
-	off = off_cpu_ns(0);
+	mark = off_cpu_mark();
 	pairs(pool, s);
-	off = off_cpu_ns(off);
+	mark = off_cpu_mark() - mark;
+	off = mark > 0 ? (uint64_t)mark : 0;
 	after = total_calls(&rec1, &id1);
 	printf("hotpath: %d same-stream pairs, two streams in the pool: %llu driver calls, %llu "
 	       "event records, %.2f ms off the CPU\n",
