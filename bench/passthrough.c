@@ -1,5 +1,6 @@
-/* passthrough.c - what the interposer adds to a driver call it does not serve, or serves by
- * learning from it and passing it on.
+/* passthrough.c - what the interposer does to the driver calls a program makes: what it adds to
+ * a call it does not serve, or serves by learning from it and passing it on, and what the pair
+ * of calls it serves costs.
  *
  * Run it plainly and under sop-run; the difference per call is the interposer's cost. The entry
  * points are found as static cudart and most libraries find them, through dlsym on libcuda (the
@@ -12,6 +13,9 @@
  *   stream_wait_event  a wait on that event
  *   stream_synchronize an idle stream synchronized
  *   event_synchronize  a completed event synchronized
+ *   pair_4k, pair_1m   cuMemAllocAsync then cuMemFreeAsync of 4 KiB or 1 MiB on one idle
+ *                      stream, per pair: the driver's default pool plainly, sop's under
+ *                      sop-run (what cudaMallocAsync and cudaFreeAsync reach)
  * Exits 77 where there is no driver or no device.
  */
 #include <dlfcn.h>
@@ -26,6 +30,8 @@
 #define REPS 9
 
 static void *lib;
+static CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream);
+static CUresult (*free_async)(CUdeviceptr, CUstream);
 
 static void *
 sym(const char *name)
@@ -79,6 +85,17 @@ cmp(const void *a, const void *b)
 		(out) = v_[REPS / 2];                                                  \
 	} while (0)
 
+/* One allocation and its free, on one stream, through whichever pool serves the device's
+ * cuMemAllocAsync. */
+static CUresult
+pair(size_t size, CUstream s)
+{
+	CUdeviceptr q;
+	CUresult r = alloc_async(&q, size, s);
+
+	return r != CUDA_SUCCESS ? r : free_async(q, s);
+}
+
 int
 main(void)
 {
@@ -99,7 +116,7 @@ main(void)
 	CUresult (*event_record)(CUevent, CUstream);
 	CUresult (*event_sync)(CUevent);
 	CUresult (*wait_event)(CUstream, CUevent, unsigned int);
-	double ctx_ns, info_ns, attr_ns, rec_ns, wait_ns, ssync_ns, esync_ns;
+	double ctx_ns, info_ns, attr_ns, rec_ns, wait_ns, ssync_ns, esync_ns, pair4k_ns, pair1m_ns;
 	CUdevice dev;
 	CUcontext ctx;
 	CUdeviceptr p;
@@ -132,6 +149,8 @@ main(void)
 	*(void **)&event_record = sym("cuEventRecord");
 	*(void **)&event_sync = sym("cuEventSynchronize");
 	*(void **)&wait_event = sym("cuStreamWaitEvent");
+	*(void **)&alloc_async = sym("cuMemAllocAsync");
+	*(void **)&free_async = sym("cuMemFreeAsync");
 
 	CHECK(primary_retain(&ctx, dev));
 	CHECK(ctx_set(ctx));
@@ -147,13 +166,17 @@ main(void)
 	CHECK(stream_sync(s));
 	TIME(ssync_ns, stream_sync(s));
 	TIME(esync_ns, event_sync(e));
+	TIME(pair4k_ns, pair(4096, s));
+	TIME(pair1m_ns, pair(1 << 20, s));
+	CHECK(stream_sync(s));
 
 	CHECK(event_destroy(e));
 	CHECK(stream_destroy(s));
 	CHECK(mem_free(p));
 	printf("{\"calls\": %d, \"ctx_get_device\": %.1f, \"mem_get_info\": %.1f, "
 	       "\"pointer_attribute\": %.1f, \"event_record\": %.1f, \"stream_wait_event\": %.1f, "
-	       "\"stream_synchronize\": %.1f, \"event_synchronize\": %.1f}\n",
-	       N, ctx_ns, info_ns, attr_ns, rec_ns, wait_ns, ssync_ns, esync_ns);
+	       "\"stream_synchronize\": %.1f, \"event_synchronize\": %.1f, \"pair_4k\": %.1f, "
+	       "\"pair_1m\": %.1f}\n",
+	       N, ctx_ns, info_ns, attr_ns, rec_ns, wait_ns, ssync_ns, esync_ns, pair4k_ns, pair1m_ns);
 	return 0;
 }

@@ -134,6 +134,24 @@ if "passthrough-driver" in by:
         if a is not None and b is not None:
             lines.append("| %s | %.1f | %.1f | %+.1f |" % (key, a, b, b - a))
     lines.append("")
+    pairs = [(key, med("passthrough-driver", key), med("passthrough-sop", key))
+             for key in ("pair_4k", "pair_1m")]
+    pairs = [(k, a, b) for k, a, b in pairs if a is not None and b is not None]
+    if pairs:
+        lines += ["## The pair it serves: cuMemAllocAsync and cuMemFreeAsync on one stream", "",
+                  "Ratio: the driver's pool's time over sop's, of the medians, then within each "
+                  "repetition (the two modes run one after the other).", "",
+                  "| size | the driver's pool, ns | sop under sop-run, ns | ratio | in each repetition |",
+                  "| --- | --- | --- | --- | --- |"]
+        for key, a, b in pairs:
+            sop_by_rep = {r["rep"]: r[key] for r in by["passthrough-sop"]
+                          if not r.get("failed") and r.get(key)}
+            each = sorted(r[key] / sop_by_rep[r["rep"]] for r in by["passthrough-driver"]
+                          if not r.get("failed") and r.get(key) and r["rep"] in sop_by_rep)
+            lines.append("| %s | %.1f | %.1f | %.2fx | %s |" % (
+                {"pair_4k": "4 KiB", "pair_1m": "1 MiB"}[key], a, b, a / b,
+                "%.2f-%.2fx" % (each[0], each[-1]) if each else "-"))
+        lines.append("")
 
 open(os.path.join(out, "summary.md"), "w").write("\n".join(lines))
 print("\n".join(lines))

@@ -9,7 +9,8 @@
 #                             caching allocator | cudaMallocAsync | the same under sop-run
 #   tasks    cupy_tasks.py    CuPy, 4 and 8 threads whose tasks each make and drop a stream:
 #                             MemoryPool | MemoryAsyncPool | MemoryAsyncPool under sop-run
-#   passthrough (bench/passthrough.c): the cost the interposer adds to calls it passes on
+#   passthrough (bench/passthrough.c): the cost the interposer adds to calls it passes on, and
+#                             the pair of cuMemAllocAsync and cuMemFreeAsync it serves
 # Each mode runs --reps times (default 3), a fresh process each, in turn (mode A, B, C, A, B,
 # C, ...), so that drift hits every mode alike; report.py takes medians and writes summary.md
 # and clients.png. A framework that is not installed is left out; without a GPU this exits 77.
