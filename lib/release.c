@@ -60,6 +60,8 @@ idle_collect(struct sop_pool *pool, struct sop__block *const spare[2], size_t *c
 				     i++) {
 					struct sop__piece *pc = seg->pieces[i];
 
+					if (pc->exporting) /* share.c, broker_ahead */
+						continue;
 					if (n == cap) {
 						struct idle *w;
 						cap = cap ? 2 * cap : 16;

@@ -486,6 +486,10 @@ struct sop__piece {
 	 * one costs 0.6 ms), and when it last served a request (the pool's fd_clock then). */
 	int fd_plus1;
 	uint64_t fd_used;
+	/* A pointer it backs was exported before it had a descriptor: the broker exports it ahead
+	 * of the importer's request (share.c, ahead_mark), with the pool lock dropped while
+	 * exporting, when no release may unmap it (release.c). Pool lock. */
+	bool ahead, exporting;
 };
 
 /* A growth's claim whose pieces the driver would not unmap once the growth had failed (grow.c):
@@ -751,6 +755,12 @@ struct sop__broker {
 	pthread_t thread;
 	int a, b;
 	int wake[2]; /* a pipe: its write end stops the thread */
+	/* The thread that exports pieces ahead of importers' requests (share.c, ahead_main): a
+	 * byte on hint wakes it, wake stops it too; exported is signalled, under the pool lock,
+	 * when a piece it exported is no longer marked exporting. */
+	pthread_t ahead_thread;
+	int hint[2];
+	pthread_cond_t exported;
 	/* The importers' connections, changed only under share.c's list lock, so that a forked
 	 * child closes its copies of them all. */
 	int *conn;

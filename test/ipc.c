@@ -84,6 +84,44 @@ ipc_pool(void)
 	return p;
 }
 
+/* Once n pointers of pool were exported, the pieces under them get their descriptors without
+ * any importer asking (share.c, ahead_mark): wait for them, up to 10 s. The simulated driver's
+ * count of exports then, where there is one, each of those pieces once. */
+static unsigned long
+ahead_check(sop_pool_t pool, void *const *ptr, const size_t *size, int n)
+{
+	struct sop_pool *p = TH_POOL(pool);
+	struct sop__segment *seg;
+	size_t i, pieces = 0, bare = 1;
+	int k, tries;
+
+	for (tries = 0; bare && tries < 10000; tries++) {
+		if (tries)
+			usleep(1000);
+		pieces = bare = 0;
+		sop__mutex_take(&p->lock, SOP_RANK_POOL);
+		for (seg = p->segments; seg; seg = seg->next)
+			for (i = 0; i < seg->n_pieces; i++) {
+				const struct sop__piece *pc = seg->pieces[i];
+				for (k = 0; k < n; k++)
+					if (pc->va < (CUdeviceptr)ptr[k] + size[k] &&
+					    (CUdeviceptr)ptr[k] < pc->va + pc->size)
+						break;
+				if (k == n)
+					continue;
+				pieces++;
+				bare += !pc->fd_plus1;
+			}
+		sop__mutex_drop(&p->lock);
+	}
+	TH_EQ(bare, 0);
+	TH_ASSERT(pieces >= 2);
+	if (!th.sim_calls)
+		return 0;
+	TH_EQ(th.sim_calls("cuMemExportToShareableHandle"), pieces);
+	return pieces;
+}
+
 static int
 exporter(int s)
 {
@@ -95,6 +133,7 @@ exporter(int s)
 	CUstream st;
 	int fd, i;
 	unsigned long long flags = 1;
+	unsigned long exports;
 
 	th_init();
 	st = th_stream();
@@ -137,11 +176,15 @@ exporter(int s)
 		m.size[i] = sizes[i];
 	}
 	TH_OK(sop_stream_synchronize(st));
+	exports = ahead_check(pool, p, sizes, 3);
 	send_msg(s, fd, &m);
 	TH_EQ(close(fd), 0);
 
-	/* The importer wrote its own patterns and freed its imports first. */
+	/* The importer wrote its own patterns and freed its imports first: the pieces exported
+	 * ahead served its requests, and none was exported again. */
 	recv_msg(s, &m, GO);
+	if (th.sim_calls)
+		TH_EQ(th.sim_calls("cuMemExportToShareableHandle"), exports);
 	for (i = 0; i < 3; i++) {
 		TH_ASSERT(th_verify(p[i], sizes[i], 0x10000000u + (unsigned)i, st));
 		TH_OK(sop_free_async(p[i], st));

@@ -106,6 +106,37 @@ threshold(CUstream s1, CUstream s2)
 	TH_OK(sop_pool_destroy(pool));
 }
 
+/* A piece the broker of an exported pool is exporting, with the pool lock dropped (share.c,
+ * broker_ahead), is not released meanwhile, whatever a trim asks; once exported it is. */
+static void
+exporting(CUstream s)
+{
+	sop_pool_t pool = th_pool(0, 0);
+	struct sop_pool *p = TH_POOL(pool);
+	struct sop__piece *pc;
+	cuuint64_t keep = UINT64_MAX;
+	void *a;
+
+	TH_OK(sop_pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+	TH_OK(sop_malloc_from_pool_async(&a, 32 * MiB, pool, s));
+	TH_OK(sop_free_async(a, s));
+	TH_OK(sop_stream_synchronize(s));
+	sop__mutex_take(&p->lock, SOP_RANK_POOL);
+	TH_ASSERT(p->segments && p->segments->n_pieces >= 1);
+	pc = p->segments->pieces[0];
+	pc->exporting = true;
+	sop__mutex_drop(&p->lock);
+	TH_OK(sop_trim_to(pool, 0));
+	TH_ASSERT(reserved(pool) >= pc->size);
+	TH_CHECK(pool);
+	sop__mutex_take(&p->lock, SOP_RANK_POOL);
+	pc->exporting = false;
+	sop__mutex_drop(&p->lock);
+	TH_OK(sop_trim_to(pool, 0));
+	TH_EQ(reserved(pool), 0);
+	TH_OK(sop_pool_destroy(pool));
+}
+
 static void
 trim(CUstream s)
 {
@@ -394,6 +425,7 @@ main(void)
 	max_size(s1);
 	threshold(s1, s2);
 	trim(s1);
+	exporting(s1);
 	anchor(s1);
 	kept_reservation(s1);
 	device_full(s1);
