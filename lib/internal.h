@@ -38,7 +38,8 @@
  * Pools
  *   pool.c      pool objects: create, destroy, reap, attributes, access, trim
  *   share.c     a pool shared with other processes, the exporting side: export data, and the
- *               broker thread that hands the pool's pieces to importers over a socket
+ *               broker that hands the pool's pieces to importers over a socket (two threads:
+ *               one answers, one exports pieces ahead of the requests)
  *   import.c    the importing side: a pool that stands for an exported one, pointers imported
  *               into it (the exporter's pieces mapped at their offsets), their frees
  *   sync.c      synchronization points, across every pool
