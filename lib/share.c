@@ -10,10 +10,9 @@
  * descriptors those the importer does not map yet. A piece's export takes about 0.6 ms: the
  * broker's second thread exports the pieces under each pointer exported while its data travels,
  * and the descriptors are kept open for the next requests, a bounded number of them. A message
- * on the shared end is one datagram of a
- * SOCK_SEQPACKET socket, so importers of many processes never interleave there, and when the
- * exporter exits, or destroys the pool, its ends close and every importer's next call fails
- * cleanly (doc/design.md, Sharing pools).
+ * on the shared end is one datagram of a SOCK_SEQPACKET socket, so importers of many processes
+ * never interleave there, and when the exporter exits, or destroys the pool, its ends close and
+ * every importer's next call fails cleanly (doc/design.md, Sharing pools).
  *
  * The broker takes the pool lock for the length of a lookup (and of the export of a piece not
  * exported ahead), and never sends with it held; the second thread never exports with it held.
