@@ -875,7 +875,7 @@ broker_start(struct sop_pool *pool)
 	if (!pool->host &&
 	    SOP_DRV(cuDeviceGetUuid)(&arg->welcome.uuid, pool->device) != CUDA_SUCCESS) {
 		free(arg);
-		free(bk);
+		broker_close(bk);
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 	/* Without a board, importers ask the broker for every pointer. */
