@@ -76,6 +76,7 @@ board_ensure(struct sop_pool *pool)
 static uint64_t
 piece_under(const struct sop__segment *seg, CUdeviceptr addr, size_t size);
 static struct sop__segment *segment_of(struct sop_pool *pool, CUdeviceptr addr);
+static size_t pieces_from(const struct sop__segment *seg, CUdeviceptr addr);
 
 /* Put an exported allocation on the board, if a slot near its place is free. Pool lock held.
  * Once at most: an allocation exported again finds its entry anywhere in its probes (a slot
@@ -138,8 +139,6 @@ sop__share_forget(struct sop_pool *pool, struct sop__block *b)
 		}
 	}
 }
-
-static size_t pieces_from(const struct sop__segment *seg, CUdeviceptr addr);
 
 /* Exporting a piece as a descriptor takes 0.6 ms (piece_fd), which the first import of a
  * pointer it backs waited for: 988 us on an H200, where the driver's pool took 141. So an
@@ -669,7 +668,7 @@ ahead_export(struct sop__broker *bk)
 		struct sop__piece *pc = NULL;
 		struct sop__segment *seg;
 		bool go = false;
-		int mode = sop__capture_relax(), fd = -1;
+		int mode, fd = -1;
 		CUresult r = CUDA_ERROR_NOT_READY;
 		size_t i;
 
@@ -689,24 +688,26 @@ ahead_export(struct sop__broker *bk)
 			handle = pc->handle;
 		}
 		sop__mutex_drop(&pool->lock);
+		if (!go) {
+			if (!pc)
+				return;
+			continue;
+		}
 		/* A failure leaves the export to the importer's request, which reports it. */
-		if (go && sop__pool_ctx_push(pool) == CUDA_SUCCESS) {
+		mode = sop__capture_relax();
+		if (sop__pool_ctx_push(pool) == CUDA_SUCCESS) {
 			r = piece_export(handle, &fd);
 			sop__pool_ctx_pop(pool);
 		}
-		if (go) {
-			sop__mutex_take(&pool->lock, SOP_RANK_POOL);
-			pc->exporting = false;
-			if (r == CUDA_SUCCESS && !pc->fd_plus1)
-				(void)piece_keep(pool, pc, fd);
-			else if (r == CUDA_SUCCESS)
-				close(fd);
-			pthread_cond_broadcast(&bk->exported);
-			sop__mutex_drop(&pool->lock);
-		}
 		sop__capture_restore(mode);
-		if (!pc)
-			return;
+		sop__mutex_take(&pool->lock, SOP_RANK_POOL);
+		pc->exporting = false;
+		if (r == CUDA_SUCCESS && !pc->fd_plus1)
+			(void)piece_keep(pool, pc, fd);
+		else if (r == CUDA_SUCCESS)
+			close(fd);
+		pthread_cond_broadcast(&bk->exported);
+		sop__mutex_drop(&pool->lock);
 	}
 }
 
