@@ -29,6 +29,16 @@ def over(label, num, den):
     return "%.3f" % (a / b) if a and b else "-"
 
 
+def by_run(num, den, key):
+    """num's runs over den's, paired by repetition (the modes of a round run one after the
+    other): " (run by run a-b)", or "" without two pairs. A median's ratio whose runs fall on
+    both sides of 1 shows no difference, however far the medians are apart."""
+    a = {r["rep"]: r[key] for r in by.get(num, []) if not r.get("failed") and r.get(key)}
+    b = {r["rep"]: r[key] for r in by.get(den, []) if not r.get("failed") and r.get(key)}
+    v = [a[k] / b[k] for k in a if k in b]
+    return " (run by run %.2f-%.2f)" % (min(v), max(v)) if len(v) > 1 else ""
+
+
 def pytorch_modes(prefix):
     """PyTorch's three modes of a program whose labels start with prefix."""
     return {prefix + "-native": "native caching allocator", prefix + "-driver": "cudaMallocAsync, driver's pool",
@@ -59,8 +69,9 @@ if any(k.startswith("torch-") for k in by):
     rd, rs = med("torch-driver", "peak_reserved"), med("torch-sop", "peak_reserved")
     lines.append("")
     if d and s:
-        lines.append("sop step time / driver pool's: %.3f; / native's: %s. sop peak reserved / driver pool's: %s." % (
-            s / d, "%.3f" % (s / n) if n else "-", "%.3f" % (rs / rd) if rs and rd else "-"))
+        lines.append("sop step time / driver pool's: %.3f%s; / native's: %s. sop peak reserved / driver pool's: %s." % (
+            s / d, by_run("torch-sop", "torch-driver", "median_ms"), "%.3f" % (s / n) if n else "-",
+            "%.3f" % (rs / rd) if rs and rd else "-"))
         ls = {k: [round(r["loss_sum"], 3) for r in by[k] if not r.get("failed")] for k in ("torch-driver", "torch-sop")}
         lines.append("Sum of the losses of every step, per run: driver pool %s, sop %s." % (ls["torch-driver"], ls["torch-sop"]))
     lines.append("")
@@ -77,7 +88,8 @@ if any(k.startswith("cupy-") for k in by):
                          rng(k, "reserved_peak", MiB, "%.0f"), rng(k, "device_used_peak", MiB, "%.0f"), failed(k)))
     d, s = med("cupy-driver", "ms_per_iter"), med("cupy-sop", "ms_per_iter")
     if d and s:
-        lines += ["", "sop time / driver pool's: %.3f; / default pool's: %.3f." % (s / d, s / med("cupy-default", "ms_per_iter"))]
+        lines += ["", "sop time / driver pool's: %.3f%s; / default pool's: %.3f." % (
+            s / d, by_run("cupy-sop", "cupy-driver", "ms_per_iter"), s / med("cupy-default", "ms_per_iter"))]
     lines.append("")
 
 if any(k.startswith("jax-") for k in by):
@@ -87,6 +99,9 @@ if any(k.startswith("jax-") for k in by):
     for k, name in names.items():
         if k in by:
             lines.append("| %s | %s | %d |" % (name, rng(k, "ms_per_iter", 1.0, "%.3f"), failed(k)))
+    d, s = med("jax-driver", "ms_per_iter"), med("jax-sop", "ms_per_iter")
+    if d and s:
+        lines += ["", "sop time / driver pool's: %.3f%s." % (s / d, by_run("jax-sop", "jax-driver", "ms_per_iter"))]
     lines.append("")
 
 if any(k.startswith("serve-") for k in by):
@@ -103,7 +118,8 @@ if any(k.startswith("serve-") for k in by):
     d, s_ = med("serve-driver", "requests_per_s"), med("serve-sop", "requests_per_s")
     rd, rs = med("serve-driver", "peak_reserved"), med("serve-sop", "peak_reserved")
     if d and s_:
-        lines += ["", "sop requests a second / driver pool's: %.3f; sop peak reserved / driver pool's: %.3f." % (s_ / d, rs / rd)]
+        lines += ["", "sop requests a second / driver pool's: %.3f%s; sop peak reserved / driver pool's: %.3f." % (
+            s_ / d, by_run("serve-sop", "serve-driver", "requests_per_s"), rs / rd)]
     lines.append("")
 
 tasks_keys = sorted({k.rsplit("-", 1)[1] for k in by if k.startswith("tasks-")}, key=int)
