@@ -122,6 +122,38 @@ ahead_check(sop_pool_t pool, void *const *ptr, const size_t *size, int n)
 	return pieces;
 }
 
+/* The pieces under [ptr, ptr + size), once the broker's second thread has done with them
+ * (none marked or being exported) and the simulated driver has failed `fails` exports: how many,
+ * and in *bare how many of them have no descriptor. Up to 10 s. */
+static size_t
+ahead_settled(sop_pool_t pool, const void *ptr, size_t size, unsigned long fails, size_t *bare)
+{
+	struct sop_pool *p = TH_POOL(pool);
+	struct sop__segment *seg;
+	size_t i, pieces = 0;
+	int tries, busy = 1;
+
+	for (tries = 0; busy && tries < 10000; tries++) {
+		if (tries)
+			usleep(1000);
+		busy = th.sim_fails("cuMemExportToShareableHandle") < fails;
+		pieces = *bare = 0;
+		sop__mutex_take(&p->lock, SOP_RANK_POOL);
+		for (seg = p->segments; seg; seg = seg->next)
+			for (i = 0; i < seg->n_pieces; i++) {
+				const struct sop__piece *pc = seg->pieces[i];
+				if (pc->va >= (CUdeviceptr)ptr + size || (CUdeviceptr)ptr >= pc->va + pc->size)
+					continue;
+				pieces++;
+				*bare += !pc->fd_plus1;
+				busy |= pc->ahead || pc->exporting;
+			}
+		sop__mutex_drop(&p->lock);
+	}
+	TH_EQ(busy, 0);
+	return pieces;
+}
+
 static int
 exporter(int s)
 {
@@ -133,7 +165,8 @@ exporter(int s)
 	CUstream st;
 	int fd, i;
 	unsigned long long flags = 1;
-	unsigned long exports;
+	unsigned long exports, calls = 0, fails = 0;
+	size_t more_pieces = 0, bare = 0;
 
 	th_init();
 	st = th_stream();
@@ -198,10 +231,27 @@ exporter(int s)
 	m.op = MORE;
 	m.n = 1;
 	m.size[0] = (size_t)256 << 20;
+	/* Its first export ahead fails: the piece is left to the importer's request, which
+	 * exports it (share.c, ahead_export), and nothing is left half done. */
+	if (th.sim_fail) {
+		calls = th.sim_calls("cuMemExportToShareableHandle");
+		fails = th.sim_fails("cuMemExportToShareableHandle");
+		th.sim_fail("cuMemExportToShareableHandle", 1, CUDA_ERROR_OUT_OF_MEMORY);
+	}
 	TH_OK(sop_pool_export_pointer(&m.d[0], more));
+	if (th.sim_fail) {
+		more_pieces = ahead_settled(pool, more, (size_t)256 << 20, fails + 1, &bare);
+		TH_EQ(bare, 1);
+		TH_EQ(th.sim_calls("cuMemExportToShareableHandle"), calls + more_pieces);
+	}
 	TH_OK(sop_stream_synchronize(st));
 	send_msg(s, -1, &m);
 	recv_msg(s, &m, GO);
+	if (th.sim_fail) {
+		TH_EQ(th.sim_calls("cuMemExportToShareableHandle"), calls + more_pieces + 1);
+		TH_EQ(ahead_settled(pool, more, (size_t)256 << 20, fails + 1, &bare), more_pieces);
+		TH_EQ(bare, 0);
+	}
 	TH_OK(sop_free_async(more, st));
 
 	/* Another exportable pool: its data is refused by the first one's import. */
