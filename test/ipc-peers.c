@@ -928,6 +928,29 @@ kept_check(sop_pool_t pool, const char *who)
 	sop__mutex_drop(&p->lock);
 }
 
+/* Once the broker's second thread has done with every piece of the pool (none marked, none
+ * being exported): up to 10 s. */
+static void
+ahead_wait(sop_pool_t pool)
+{
+	struct sop_pool *p = TH_POOL(pool);
+	struct sop__segment *seg;
+	int tries, busy = 1;
+	size_t i;
+
+	for (tries = 0; busy && tries < 10000; tries++) {
+		if (tries)
+			usleep(1000);
+		busy = 0;
+		sop__mutex_take(&p->lock, SOP_RANK_POOL);
+		for (seg = p->segments; seg; seg = seg->next)
+			for (i = 0; i < seg->n_pieces; i++)
+				busy |= seg->pieces[i]->ahead || seg->pieces[i]->exporting;
+		sop__mutex_drop(&p->lock);
+	}
+	EXPECT_EQ(busy, 0, "the broker's second thread");
+}
+
 static int
 many_exporter(int s)
 {
@@ -936,15 +959,25 @@ many_exporter(int s)
 	CUstream st = th_stream();
 	sop_pool_t pool = ipc_pool();
 	void *p[MANY];
+	unsigned long calls;
 	int fd, i;
 
 	sop__share_fds_max = KEPT;
 	TH_OK(sop_pool_export_to_shareable_handle(&fd, pool, POSIX_FD, 0));
 	memset(&m, 0, sizeof m);
 	m.op = POOL;
+	calls = th.sim_calls ? th.sim_calls("cuMemExportToShareableHandle") : 0;
 	for (i = 0; i < MANY; i++)
 		p[i] = make(&m, i, pool, 32 * MIB, 0x6d000000u + (uint32_t)i, st);
 	TH_OK(sop_stream_synchronize(st));
+	/* Exported ahead up to the cap, and no further: the second thread never closes a kept
+	 * descriptor to make room for its own (share.c, ahead_export). */
+	ahead_wait(pool);
+	kept_check(pool, "many pieces: ahead");
+	EXPECT_EQ(TH_POOL(pool)->fds_kept, KEPT, "many pieces: ahead");
+	if (th.sim_calls)
+		EXPECT_EQ(th.sim_calls("cuMemExportToShareableHandle") - calls, KEPT,
+			  "many pieces: ahead");
 	send_msg(s, fd, &m);
 	TH_EQ(close(fd), 0);
 	/* The importer maps every piece, unmaps them all, and maps them again: the pieces whose
