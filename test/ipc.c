@@ -84,21 +84,23 @@ ipc_pool(void)
 	return p;
 }
 
-/* Once n pointers of pool were exported, the pieces under them get their descriptors without
- * any importer asking (share.c, ahead_mark): wait for them, up to 10 s. The simulated driver's
- * count of exports then, where there is one, each of those pieces once. */
-static unsigned long
-ahead_check(sop_pool_t pool, void *const *ptr, const size_t *size, int n)
+/* The pieces under n allocations of pool, once the broker's second thread has done with them
+ * (none marked or being exported: share.c, ahead_export) and the simulated driver has failed
+ * `fails` exports: how many, and in *bare how many of them have no descriptor. Up to 10 s. */
+static size_t
+ahead_settled(sop_pool_t pool, void *const *ptr, const size_t *size, int n, unsigned long fails,
+	      size_t *bare)
 {
 	struct sop_pool *p = TH_POOL(pool);
 	struct sop__segment *seg;
-	size_t i, pieces = 0, bare = 1;
-	int k, tries;
+	size_t i, pieces = 0;
+	int k, tries, busy = 1;
 
-	for (tries = 0; bare && tries < 10000; tries++) {
+	for (tries = 0; busy && tries < 10000; tries++) {
 		if (tries)
 			usleep(1000);
-		pieces = bare = 0;
+		busy = fails && th.sim_fails("cuMemExportToShareableHandle") < fails;
+		pieces = *bare = 0;
 		sop__mutex_take(&p->lock, SOP_RANK_POOL);
 		for (seg = p->segments; seg; seg = seg->next)
 			for (i = 0; i < seg->n_pieces; i++) {
@@ -110,47 +112,28 @@ ahead_check(sop_pool_t pool, void *const *ptr, const size_t *size, int n)
 				if (k == n)
 					continue;
 				pieces++;
-				bare += !pc->fd_plus1;
-			}
-		sop__mutex_drop(&p->lock);
-	}
-	TH_EQ(bare, 0);
-	TH_ASSERT(pieces >= 2);
-	if (!th.sim_calls)
-		return 0;
-	TH_EQ(th.sim_calls("cuMemExportToShareableHandle"), pieces);
-	return pieces;
-}
-
-/* The pieces under [ptr, ptr + size), once the broker's second thread has done with them
- * (none marked or being exported) and the simulated driver has failed `fails` exports: how many,
- * and in *bare how many of them have no descriptor. Up to 10 s. */
-static size_t
-ahead_settled(sop_pool_t pool, const void *ptr, size_t size, unsigned long fails, size_t *bare)
-{
-	struct sop_pool *p = TH_POOL(pool);
-	struct sop__segment *seg;
-	size_t i, pieces = 0;
-	int tries, busy = 1;
-
-	for (tries = 0; busy && tries < 10000; tries++) {
-		if (tries)
-			usleep(1000);
-		busy = th.sim_fails("cuMemExportToShareableHandle") < fails;
-		pieces = *bare = 0;
-		sop__mutex_take(&p->lock, SOP_RANK_POOL);
-		for (seg = p->segments; seg; seg = seg->next)
-			for (i = 0; i < seg->n_pieces; i++) {
-				const struct sop__piece *pc = seg->pieces[i];
-				if (pc->va >= (CUdeviceptr)ptr + size || (CUdeviceptr)ptr >= pc->va + pc->size)
-					continue;
-				pieces++;
 				*bare += !pc->fd_plus1;
 				busy |= pc->ahead || pc->exporting;
 			}
 		sop__mutex_drop(&p->lock);
 	}
 	TH_EQ(busy, 0);
+	return pieces;
+}
+
+/* Once n pointers of pool were exported, the pieces under them get their descriptors without
+ * any importer asking (share.c, ahead_mark). The simulated driver's count of exports then,
+ * where there is one, each of those pieces once. */
+static unsigned long
+ahead_check(sop_pool_t pool, void *const *ptr, const size_t *size, int n)
+{
+	size_t bare, pieces = ahead_settled(pool, ptr, size, n, 0, &bare);
+
+	TH_EQ(bare, 0);
+	TH_ASSERT(pieces >= 2);
+	if (!th.sim_calls)
+		return 0;
+	TH_EQ(th.sim_calls("cuMemExportToShareableHandle"), pieces);
 	return pieces;
 }
 
@@ -166,7 +149,7 @@ exporter(int s)
 	int fd, i;
 	unsigned long long flags = 1;
 	unsigned long exports, calls = 0, fails = 0;
-	size_t more_pieces = 0, bare = 0;
+	size_t more_pieces = 0, bare = 0, more_size = (size_t)256 << 20;
 
 	th_init();
 	st = th_stream();
@@ -240,7 +223,7 @@ exporter(int s)
 	}
 	TH_OK(sop_pool_export_pointer(&m.d[0], more));
 	if (th.sim_fail) {
-		more_pieces = ahead_settled(pool, more, (size_t)256 << 20, fails + 1, &bare);
+		more_pieces = ahead_settled(pool, &more, &more_size, 1, fails + 1, &bare);
 		TH_EQ(bare, 1);
 		TH_EQ(th.sim_calls("cuMemExportToShareableHandle"), calls + more_pieces);
 	}
@@ -249,7 +232,7 @@ exporter(int s)
 	recv_msg(s, &m, GO);
 	if (th.sim_fail) {
 		TH_EQ(th.sim_calls("cuMemExportToShareableHandle"), calls + more_pieces + 1);
-		TH_EQ(ahead_settled(pool, more, (size_t)256 << 20, fails + 1, &bare), more_pieces);
+		TH_EQ(ahead_settled(pool, &more, &more_size, 1, fails + 1, &bare), more_pieces);
 		TH_EQ(bare, 0);
 	}
 	TH_OK(sop_free_async(more, st));
