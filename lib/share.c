@@ -428,10 +428,8 @@ fds_shed(struct sop_pool *pool, const struct sop__piece *keep)
 		piece_fd_drop(pool, old);
 }
 
-/* A descriptor of the piece for one answer, closed once sent: a copy of the one the piece keeps,
- * exported at the first request for it (0.6 ms on the H100, where sending one costs
- * microseconds) and closed when the piece is released (release.c), or when the pool keeps
- * sop__share_fds_max others used more recently. Pool lock held, context current. */
+/* A descriptor of the piece's physical memory (0.6 ms on the H100, where sending one costs
+ * microseconds). Context current; the pool lock held or not (ahead_export). */
 static CUresult
 piece_export(CUmemGenericAllocationHandle handle, int *fd)
 {
@@ -456,6 +454,10 @@ piece_keep(struct sop_pool *pool, struct sop__piece *pc, int d)
 	return CUDA_SUCCESS;
 }
 
+/* A descriptor of the piece for one answer, closed once sent: a copy of the one the piece keeps,
+ * exported ahead (ahead_export) or here, at the first request for it, and closed when the piece
+ * is released (release.c), or when the pool keeps sop__share_fds_max others used more
+ * recently. Pool lock held, context current. */
 static CUresult
 piece_fd(struct sop_pool *pool, struct sop__piece *pc, int *fd)
 {
