@@ -61,7 +61,22 @@ stream_refused(CUstream stream, CUresult r)
 	return r;
 }
 
-static CUresult stream_capture_check(CUstream stream);
+/* Some stream was found capturing: from then on frees ask too (sop__stream_capturing_seen). */
+static atomic_bool captures_seen;
+
+/* Ask the driver whether stream captures, noting it when one does. Inline in sop__stream_id:
+ * without the interposer every allocation asks. */
+static inline CUresult
+capturing_ask(CUstream stream, bool *capturing)
+{
+	CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+	CUresult r = SOP_DRV(cuStreamIsCapturing)(stream, &status);
+
+	*capturing = r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
+	if (SOP_UNLIKELY(*capturing) && !atomic_load_explicit(&captures_seen, memory_order_relaxed))
+		atomic_store(&captures_seen, true);
+	return r;
+}
 
 /* Under the interposer every call that destroys a stream, or a context with its streams, goes
  * through sop (sop_stream_destroy, or the interposer's hooks), which reports it before and after
@@ -180,8 +195,15 @@ sop__stream_id(CUstream stream, uint64_t *id)
 
 	/* The driver refuses cuStreamGetId on a capturing stream, and the refusal invalidates the
 	 * capture, relaxed mode or not: where a capture may be in flight, ask first. */
-	if (sop__capture_possible() && (r = stream_capture_check(stream)) != CUDA_SUCCESS)
-		return r;
+	if (sop__capture_possible()) {
+		bool capturing;
+
+		r = capturing_ask(stream, &capturing);
+		if (SOP_UNLIKELY(r != CUDA_SUCCESS))
+			return stream_refused(stream, r);
+		if (SOP_UNLIKELY(capturing))
+			return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	}
 	/* Not the special handles, which name a stream of whatever context is current. */
 	memo = atomic_load_explicit(&destroys_watched, memory_order_relaxed) &&
 	       !sop__stream_special(stream);
@@ -215,8 +237,6 @@ sop__stream_id(CUstream stream, uint64_t *id)
  * count covers it, since its capture began where the interposer saw it. */
 static atomic_bool capture_watched;
 static atomic_long captures_in_flight;
-/* Some stream was found capturing: from then on frees ask too (sop__stream_capturing_seen). */
-static atomic_bool captures_seen;
 
 void
 sop__capture_watch(void)
@@ -240,31 +260,10 @@ sop__capture_possible(void)
 CUresult
 sop__stream_capturing(CUstream stream, bool *capturing)
 {
-	CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-	CUresult r;
-
 	*capturing = false;
 	if (SOP_LIKELY(!sop__capture_possible()))
 		return CUDA_SUCCESS;
-	r = SOP_DRV(cuStreamIsCapturing)(stream, &status);
-	if (r != CUDA_SUCCESS)
-		return r;
-	*capturing = status != CU_STREAM_CAPTURE_STATUS_NONE;
-	if (SOP_UNLIKELY(*capturing) && !atomic_load_explicit(&captures_seen, memory_order_relaxed))
-		atomic_store(&captures_seen, true);
-	return CUDA_SUCCESS;
-}
-
-/* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED if the stream captures, CUDA_SUCCESS if it does not. */
-static CUresult
-stream_capture_check(CUstream stream)
-{
-	bool capturing;
-	CUresult r = sop__stream_capturing(stream, &capturing);
-
-	if (r != CUDA_SUCCESS)
-		return stream_refused(stream, r);
-	return capturing ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+	return capturing_ask(stream, capturing);
 }
 
 CUresult
