@@ -61,22 +61,7 @@ stream_refused(CUstream stream, CUresult r)
 	return r;
 }
 
-/* Some stream was found capturing: from then on frees ask too (sop__stream_capturing_seen). */
-static atomic_bool captures_seen;
-
-/* Ask the driver whether stream captures, noting it when one does. Inline in sop__stream_id:
- * without the interposer every allocation asks. */
-static inline CUresult
-capturing_ask(CUstream stream, bool *capturing)
-{
-	CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-	CUresult r = SOP_DRV(cuStreamIsCapturing)(stream, &status);
-
-	*capturing = r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
-	if (SOP_UNLIKELY(*capturing) && !atomic_load_explicit(&captures_seen, memory_order_relaxed))
-		atomic_store(&captures_seen, true);
-	return r;
-}
+static inline CUresult capturing_ask(CUstream stream, bool *capturing);
 
 /* Under the interposer every call that destroys a stream, or a context with its streams, goes
  * through sop (sop_stream_destroy, or the interposer's hooks), which reports it before and after
@@ -237,6 +222,22 @@ sop__stream_id(CUstream stream, uint64_t *id)
  * count covers it, since its capture began where the interposer saw it. */
 static atomic_bool capture_watched;
 static atomic_long captures_in_flight;
+/* Some stream was found capturing: from then on frees ask too (sop__stream_capturing_seen). */
+static atomic_bool captures_seen;
+
+/* Ask the driver whether stream captures, noting it when one does. Inline in sop__stream_id
+ * (declared above it): without the interposer every allocation asks. */
+static inline CUresult
+capturing_ask(CUstream stream, bool *capturing)
+{
+	CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+	CUresult r = SOP_DRV(cuStreamIsCapturing)(stream, &status);
+
+	*capturing = r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
+	if (SOP_UNLIKELY(*capturing) && !atomic_load_explicit(&captures_seen, memory_order_relaxed))
+		atomic_store(&captures_seen, true);
+	return r;
+}
 
 void
 sop__capture_watch(void)
