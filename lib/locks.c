@@ -32,19 +32,63 @@ static const char *const rank_names[] = {
 	[SOP_RANK_EPOCH] = "the epoch lock",
 };
 
-static __thread struct {
-	const void *lock;
-	enum sop__rank rank;
-} held[HELD_MAX];
-static __thread int n_held;
+/* A thread's ledger: heap memory behind an initial-exec pointer, so that even this build's
+ * libraries make no __tls_get_addr call (test/check-tls.sh). A thread whose ledger could not be
+ * made is not checked. Freed at the thread's exit, when it holds no lock; a lock taken after
+ * that, by another key's destructor, starts a new one. */
+struct ledger {
+	struct {
+		const void *lock;
+		enum sop__rank rank;
+	} held[HELD_MAX];
+	int n_held;
+};
+
+static __thread struct ledger *ledger __attribute__((tls_model("initial-exec")));
+static __thread bool unchecked __attribute__((tls_model("initial-exec")));
+static pthread_key_t ledger_key;
+static pthread_once_t ledger_once = PTHREAD_ONCE_INIT;
+
+static void
+ledger_free(void *p)
+{
+	ledger = NULL;
+	free(p);
+}
+
+static void
+ledger_key_make(void)
+{
+	if (pthread_key_create(&ledger_key, ledger_free) != 0)
+		abort();
+}
+
+/* This thread's ledger, NULL if it is not checked. */
+static struct ledger *
+ledger_get(void)
+{
+	struct ledger *l = ledger;
+
+	if (l || unchecked)
+		return l;
+	pthread_once(&ledger_once, ledger_key_make);
+	l = calloc(1, sizeof *l);
+	if (!l || pthread_setspecific(ledger_key, l) != 0) {
+		free(l);
+		unchecked = true;
+		return NULL;
+	}
+	ledger = l;
+	return l;
+}
 
 static _Noreturn void
 rank_fail(const char *what, const void *lock, enum sop__rank rank, int other)
 {
 	fprintf(stderr, "sop: lock order: %s %s (%p)", what, rank_names[rank], lock);
 	if (other >= 0)
-		fprintf(stderr, " while holding %s (%p)", rank_names[held[other].rank],
-			held[other].lock);
+		fprintf(stderr, " while holding %s (%p)", rank_names[ledger->held[other].rank],
+			ledger->held[other].lock);
 	fputc('\n', stderr);
 	abort();
 }
@@ -53,21 +97,24 @@ rank_fail(const char *what, const void *lock, enum sop__rank rank, int other)
 static void
 push(const void *lock, enum sop__rank rank, bool ordered)
 {
+	struct ledger *l = ledger_get();
 	int i;
 
 	if (rank == SOP_RANK_NONE)
 		rank_fail(ordered ? "taking" : "trying", lock, rank, -1);
-	for (i = 0; i < n_held; i++) {
-		if (held[i].lock == lock)
+	if (!l)
+		return;
+	for (i = 0; i < l->n_held; i++) {
+		if (l->held[i].lock == lock)
 			rank_fail(ordered ? "taking again" : "trying again", lock, rank, i);
-		if (ordered && held[i].rank >= rank)
+		if (ordered && l->held[i].rank >= rank)
 			rank_fail("taking", lock, rank, i);
 	}
-	if (n_held == HELD_MAX)
-		rank_fail("too many locks held at", lock, rank, n_held - 1);
-	held[n_held].lock = lock;
-	held[n_held].rank = rank;
-	n_held++;
+	if (l->n_held == HELD_MAX)
+		rank_fail("too many locks held at", lock, rank, l->n_held - 1);
+	l->held[l->n_held].lock = lock;
+	l->held[l->n_held].rank = rank;
+	l->n_held++;
 }
 
 void
@@ -85,12 +132,15 @@ sop__rank_took(const void *lock, enum sop__rank rank)
 void
 sop__rank_drop(const void *lock)
 {
+	struct ledger *l = ledger_get();
 	int i;
 
+	if (!l)
+		return;
 	/* Locks may be dropped in any order. */
-	for (i = n_held - 1; i >= 0; i--)
-		if (held[i].lock == lock) {
-			held[i] = held[--n_held];
+	for (i = l->n_held - 1; i >= 0; i--)
+		if (l->held[i].lock == lock) {
+			l->held[i] = l->held[--l->n_held];
 			return;
 		}
 	rank_fail("dropping, not held,", lock, SOP_RANK_NONE, -1);
@@ -99,10 +149,13 @@ sop__rank_drop(const void *lock)
 void
 sop__rank_held(const void *lock, const char *what, const char *file, int line)
 {
+	struct ledger *l = ledger_get();
 	int i;
 
-	for (i = 0; i < n_held; i++)
-		if (held[i].lock == lock)
+	if (!l)
+		return;
+	for (i = 0; i < l->n_held; i++)
+		if (l->held[i].lock == lock)
 			return;
 	fprintf(stderr, "sop: %s:%d: %s is not held\n", file, line, what);
 	abort();
