@@ -110,16 +110,68 @@ struct id_memo {
 	CUstream handle;
 	uint64_t id, all, one; /* destroys begun, of contexts and in the handle's slot */
 };
-static __thread struct id_memo id_memo[ID_MEMOS];
+
+/* This thread's cache of stream ids and their devices, direct-mapped: sop_malloc_async needs
+ * the device on every call, and the table's lock would be taken on each. Ids are never reused,
+ * so an entry is never wrong. */
+#define DEV_CACHE_LOG2 5
+
+/* What a thread remembers of streams: the ids of its last handles, and the devices of ids. Heap
+ * memory behind one initial-exec pointer, as stream.c's cache: a library's own thread-local
+ * arrays cost a __tls_get_addr call at each access. */
+struct thread_memo {
+	struct id_memo ids[ID_MEMOS];
+	struct {
+		uint64_t id;
+		CUdevice device;
+	} dev[1u << DEV_CACHE_LOG2];
+};
+
+static __thread struct thread_memo *tmemo __attribute__((tls_model("initial-exec")));
+static pthread_key_t tmemo_key;
+static pthread_once_t tmemo_once = PTHREAD_ONCE_INIT;
+
+static void
+tmemo_key_make(void)
+{
+	pthread_key_create(&tmemo_key, free);
+}
+
+static __attribute__((noinline)) struct thread_memo *
+tmemo_slow(void)
+{
+	struct thread_memo *c;
+
+	pthread_once(&tmemo_once, tmemo_key_make);
+	c = calloc(1, sizeof *c);
+	if (c) {
+		pthread_setspecific(tmemo_key, c); /* freed when the thread exits */
+		tmemo = c;
+	}
+	return c;
+}
+
+/* NULL where there is no host memory for it: then nothing is remembered. */
+static inline struct thread_memo *
+tmemo_get(void)
+{
+	struct thread_memo *c = tmemo;
+
+	return SOP_LIKELY(c != NULL) ? c : tmemo_slow();
+}
 
 /* The id remembered for handle if no destroy that could change it has begun since (moved to
  * the front). */
 static bool
 id_recall(CUstream handle, uint64_t *id)
 {
-	struct id_memo m;
+	struct thread_memo *c = tmemo_get();
+	struct id_memo m, *id_memo;
 	int i;
 
+	if (!c)
+		return false;
+	id_memo = c->ids;
 	for (i = 0; i < ID_MEMOS; i++)
 		if (id_memo[i].handle == handle)
 			break;
@@ -141,8 +193,13 @@ id_recall(CUstream handle, uint64_t *id)
 static void
 id_remember(CUstream handle, uint64_t id, uint64_t all, uint64_t one)
 {
+	struct thread_memo *c = tmemo_get();
+	struct id_memo *id_memo;
 	int i;
 
+	if (!c)
+		return;
+	id_memo = c->ids;
 	for (i = 0; i < ID_MEMOS - 1; i++)
 		if (id_memo[i].handle == handle)
 			break;
@@ -767,54 +824,16 @@ sop__stream_all(uint64_t ctx_id, size_t *n)
 	return v;
 }
 
-/* This thread's cache of stream ids and their devices, direct-mapped: sop_malloc_async needs
- * the device on every call, and the table's lock would be taken on each. Ids are never reused,
- * so an entry is never wrong. */
-#define DEV_CACHE_LOG2 5
-
-struct dev_cache {
-	struct {
-		uint64_t id;
-		CUdevice device;
-	} e[1u << DEV_CACHE_LOG2];
-};
-
-static __thread struct dev_cache *dcache __attribute__((tls_model("initial-exec")));
-static pthread_key_t dcache_key;
-static pthread_once_t dcache_once = PTHREAD_ONCE_INIT;
-
-static void
-dcache_key_make(void)
-{
-	pthread_key_create(&dcache_key, free);
-}
-
-static struct dev_cache *
-dcache_get(void)
-{
-	struct dev_cache *c = dcache;
-
-	if (SOP_LIKELY(c != NULL))
-		return c;
-	pthread_once(&dcache_once, dcache_key_make);
-	c = calloc(1, sizeof *c);
-	if (c) {
-		pthread_setspecific(dcache_key, c); /* freed when the thread exits */
-		dcache = c;
-	}
-	return c;
-}
-
 CUresult
 sop__stream_device(CUstream stream, uint64_t id, CUdevice *device)
 {
 	unsigned slot = (unsigned)(id * 0x9E3779B97F4A7C15u >> (64 - DEV_CACHE_LOG2));
-	struct dev_cache *c = dcache_get();
+	struct thread_memo *c = tmemo_get();
 	struct sop__stream *st;
 	CUresult r;
 
-	if (SOP_LIKELY(c && c->e[slot].id == id)) {
-		*device = c->e[slot].device;
+	if (SOP_LIKELY(c && c->dev[slot].id == id)) {
+		*device = c->dev[slot].device;
 		return CUDA_SUCCESS;
 	}
 	r = sop__stream_of(stream, id, false, &st);
@@ -822,8 +841,8 @@ sop__stream_device(CUstream stream, uint64_t id, CUdevice *device)
 		return r;
 	*device = st->device;
 	if (c) {
-		c->e[slot].id = id;
-		c->e[slot].device = st->device;
+		c->dev[slot].id = id;
+		c->dev[slot].device = st->device;
 	}
 	return CUDA_SUCCESS;
 }

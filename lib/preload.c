@@ -218,7 +218,7 @@ static atomic_int sop_state;
 /* Set on the thread that is loading the driver or starting sop: a hooked call it makes meanwhile
  * (the driver's constructor or cuInit calling its own exported names) goes to the driver, instead
  * of waiting for itself. */
-static __thread bool starting;
+static __thread bool starting __attribute__((tls_model("initial-exec")));
 
 static void
 drv_ensure(void)
