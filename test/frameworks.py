@@ -101,6 +101,71 @@ elif which == "torch_graph":
           "sop owns input:", sop_owns(static_x.data_ptr()))
     del graph
     torch.cuda.synchronize()
+elif which == "torch_ddp":
+    # PyTorch's DistributedDataParallel on two GPUs over NCCL, one process a rank (this program
+    # again, as torch_ddp_rank; under sop-run the ranks inherit the interposer): training steps
+    # whose gradients NCCL reduces in buckets the allocator gave, an all_reduce, and an all_reduce
+    # captured in a CUDA graph and replayed, where NCCL registers the buffers it is given
+    # (NCCL_GRAPH_REGISTER). Multicast stays off.
+    import subprocess, tempfile
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    with tempfile.TemporaryDirectory() as tmp:
+        ranks = [subprocess.Popen([sys.executable, sys.argv[0], "torch_ddp_rank", str(r), tmp + "/rdv"],
+                                  env=env, stdout=subprocess.PIPE, text=True) for r in (0, 1)]
+        outs = [r.communicate(timeout=240)[0] for r in ranks]
+    if any(r.returncode for r in ranks):
+        sys.exit("torch_ddp: a rank failed")
+    print(outs[0].strip())
+elif which == "torch_ddp_rank":
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    rank, rdv = int(sys.argv[2]), sys.argv[3]
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", init_method="file://" + rdv, rank=rank, world_size=2, device_id=dev)
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
+                                    torch.nn.Linear(1024, 512)).cuda(), device_ids=[rank])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator(device="cpu").manual_seed(10 + rank)
+    losses = []
+    for step in range(20):
+        n = int(torch.randint(16, 257, (1,), generator=g))
+        x = torch.randn(n, 512, generator=g).cuda()
+        loss = (model(x) - x).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        losses.append(loss.item())
+    t = torch.tensor([sum(losses)], device=dev)
+    dist.all_reduce(t)
+    # An all_reduce captured in a graph, on memory allocated before the capture, replayed.
+    buf = torch.full((1 << 20,), float(rank + 1), device=dev)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        dist.all_reduce(buf)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_reduce(buf)
+    replays = []
+    for i in range(5):
+        buf.fill_(float(rank + 1 + i))
+        graph.replay()
+        replays.append(float(buf[0].item()) + float(buf[-1].item()))
+    w = model.module[0].weight
+    owns = torch.tensor([int(bool(sop_owns(w.data_ptr()))), int(bool(sop_owns(buf.data_ptr())))], device=dev)
+    dist.all_reduce(owns)
+    # DDP keeps the ranks' parameters equal: the same checksum on both.
+    cs = torch.stack([sum(p.double().sum() for p in model.module.parameters())] * 2)
+    dist.all_reduce(cs[0:1], op=dist.ReduceOp.MAX)
+    dist.all_reduce(cs[1:2], op=dist.ReduceOp.MIN)
+    del graph
+    torch.cuda.synchronize()
+    if rank == 0:
+        print("torch_ddp: loss sum %.4f" % t.item(), "replays", " ".join("%.1f" % v for v in replays),
+              "ranks in step:", bool(cs[0].item() == cs[1].item()),
+              "sop owns weights/buffer on both ranks:", bool(owns[0].item() == 2 and owns[1].item() == 2) if under_sop else None)
+    dist.destroy_process_group()
 elif which == "cupy":
     import cupy as cp
     cp.cuda.set_allocator(cp.cuda.MemoryAsyncPool().malloc)
