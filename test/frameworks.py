@@ -101,6 +101,21 @@ elif which == "torch_graph":
           "sop owns input:", sop_owns(static_x.data_ptr()))
     del graph
     torch.cuda.synchronize()
+elif which == "torch_generate":
+    # Hugging Face transformers: greedy generation from a small GPT-2 built from its config
+    # (random weights, nothing downloaded), whose key-value cache grows by a token each step:
+    # the allocation sizes of a serving loop.
+    import torch, transformers
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=1000, n_positions=256)
+    model = transformers.GPT2LMHeadModel(cfg).cuda().eval()
+    ids = torch.randint(0, 1000, (4, 16), generator=torch.Generator(device="cpu").manual_seed(5)).cuda()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=96,
+                             do_sample=False, pad_token_id=0)
+    torch.cuda.synchronize()
+    print("torch_generate: tokens", out.shape[1], "checksum", int(out.sum()), "last", " ".join(map(str, out[:, -1].tolist())),
+          "sop owns output:", sop_owns(out.data_ptr()))
 elif which == "torch_ddp":
     # PyTorch's DistributedDataParallel on two GPUs over NCCL, one process a rank (this program
     # again, as torch_ddp_rank; under sop-run the ranks inherit the interposer): training steps

@@ -1,22 +1,25 @@
 #!/bin/sh
 # gpu-frameworks.sh SOP-RUN FRAMEWORKS.PY: PyTorch (a training loop, a transformer trained on
-# sequence lengths that change every step, torch.cuda.graph capture and replay, and, where there
-# are two GPUs, DistributedDataParallel over NCCL), CuPy and JAX, each where it is installed, run
-# the same short program without sop and under sop-run: the results must be equal (numbers to a
-# relative 1e-5: a library may pick another algorithm for another address, and float sums then
-# differ in their last digits) and, under sop-run, the memory sop's. Skips (77) where none of
-# them is installed.
+# sequence lengths that change every step, torch.cuda.graph capture and replay, Hugging Face
+# transformers' generation, and, where there are two GPUs, DistributedDataParallel over NCCL),
+# CuPy and JAX, each where it is installed, run the same short program without sop and under
+# sop-run: the results must be equal (numbers to a relative 1e-5: a library may pick another
+# algorithm for another address, and float sums then differ in their last digits) and, under
+# sop-run, the memory sop's. Skips (77) where none of them is installed.
 run=$1
 py=$2
 ran=0
-for fw in torch torch_train torch_graph torch_ddp cupy jax; do
+for fw in torch torch_train torch_graph torch_generate torch_ddp cupy jax; do
 	python3 -c "import ${fw%_*}" >/dev/null 2>&1 || continue
+	if [ $fw = torch_generate ]; then
+		python3 -c "import transformers" >/dev/null 2>&1 || continue
+	fi
 	if [ $fw = torch_ddp ]; then
 		python3 -c "import torch, sys; sys.exit(torch.cuda.device_count() < 2 or not torch.distributed.is_nccl_available())" \
 			>/dev/null 2>&1 || continue
 	fi
 	case $fw in
-	torch | torch_train | torch_graph | torch_ddp) set -- PYTORCH_ALLOC_CONF=backend:cudaMallocAsync ;;
+	torch*) set -- PYTORCH_ALLOC_CONF=backend:cudaMallocAsync ;;
 	cupy) set -- SOP_UNUSED=1 ;;
 	jax) set -- XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async XLA_PYTHON_CLIENT_PREALLOCATE=false ;;
 	esac
