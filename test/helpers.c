@@ -409,6 +409,35 @@ th_attr_int(sop_pool_t pool, int attr)
 	return v;
 }
 
+struct th_pieces
+th_pool_pieces(sop_pool_t pool, void *const *ptr, const size_t *size, int n_ptr)
+{
+	struct sop_pool *p = TH_POOL(pool);
+	struct th_pieces c = {0, 0, 0};
+	struct sop__segment *seg;
+	size_t i;
+	int k;
+
+	TH_ASSERT(p);
+	sop__mutex_take(&p->lock, SOP_RANK_POOL);
+	for (seg = p->segments; seg; seg = seg->next) {
+		for (i = 0; i < seg->n_pieces; i++) {
+			const struct sop__piece *pc = seg->pieces[i];
+			for (k = 0; k < n_ptr; k++)
+				if (pc->va < (CUdeviceptr)ptr[k] + size[k] &&
+				    (CUdeviceptr)ptr[k] < pc->va + pc->size)
+					break;
+			if (n_ptr && k == n_ptr)
+				continue;
+			c.n++;
+			c.bare += !pc->fd_plus1;
+			c.busy += pc->ahead || pc->exporting;
+		}
+	}
+	sop__mutex_drop(&p->lock);
+	return c;
+}
+
 sop_pool_t
 th_pool(int device, size_t max_size)
 {

@@ -156,6 +156,13 @@ void th_gate_wait_reached(struct th_gate *g);
 uint64_t th_attr(sop_pool_t pool, CUmemPool_attribute attr);
 /* An attribute of type int (or an enum), by id: also those of CUDA 13.2 the headers lack. */
 int th_attr_int(sop_pool_t pool, int attr);
+/* The physical pieces of a pool, all of them (n_ptr 0) or those under any of n_ptr allocations
+ * (ptr[k], size[k] bytes), as the pool lock sees them at once: how many, how many have no kept
+ * descriptor (IPC pools), and how many the broker's second thread has marked or is exporting. */
+struct th_pieces {
+	size_t n, bare, busy;
+};
+struct th_pieces th_pool_pieces(sop_pool_t pool, void *const *ptr, const size_t *size, int n_ptr);
 /* A fresh pool on device with optional cap; release threshold as given. */
 sop_pool_t th_pool(int device, size_t max_size);
 

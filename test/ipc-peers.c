@@ -933,20 +933,12 @@ kept_check(sop_pool_t pool, const char *who)
 static void
 ahead_wait(sop_pool_t pool)
 {
-	struct sop_pool *p = TH_POOL(pool);
-	struct sop__segment *seg;
 	int tries, busy = 1;
-	size_t i;
 
 	for (tries = 0; busy && tries < 10000; tries++) {
 		if (tries)
 			usleep(1000);
-		busy = 0;
-		sop__mutex_take(&p->lock, SOP_RANK_POOL);
-		for (seg = p->segments; seg; seg = seg->next)
-			for (i = 0; i < seg->n_pieces; i++)
-				busy |= seg->pieces[i]->ahead || seg->pieces[i]->exporting;
-		sop__mutex_drop(&p->lock);
+		busy = th_pool_pieces(pool, NULL, NULL, 0).busy != 0;
 	}
 	EXPECT_EQ(busy, 0, "the broker's second thread");
 }

@@ -91,34 +91,19 @@ static size_t
 ahead_settled(sop_pool_t pool, void *const *ptr, const size_t *size, int n, unsigned long fails,
 	      size_t *bare)
 {
-	struct sop_pool *p = TH_POOL(pool);
-	struct sop__segment *seg;
-	size_t i, pieces = 0;
-	int k, tries, busy = 1;
+	struct th_pieces pc = {0, 0, 0};
+	int tries, busy = 1;
 
 	for (tries = 0; busy && tries < 10000; tries++) {
 		if (tries)
 			usleep(1000);
 		busy = fails && th.sim_fails("cuMemExportToShareableHandle") < fails;
-		pieces = *bare = 0;
-		sop__mutex_take(&p->lock, SOP_RANK_POOL);
-		for (seg = p->segments; seg; seg = seg->next)
-			for (i = 0; i < seg->n_pieces; i++) {
-				const struct sop__piece *pc = seg->pieces[i];
-				for (k = 0; k < n; k++)
-					if (pc->va < (CUdeviceptr)ptr[k] + size[k] &&
-					    (CUdeviceptr)ptr[k] < pc->va + pc->size)
-						break;
-				if (k == n)
-					continue;
-				pieces++;
-				*bare += !pc->fd_plus1;
-				busy |= pc->ahead || pc->exporting;
-			}
-		sop__mutex_drop(&p->lock);
+		pc = th_pool_pieces(pool, ptr, size, n);
+		busy |= pc.busy != 0;
 	}
 	TH_EQ(busy, 0);
-	return pieces;
+	*bare = pc.bare;
+	return pc.n;
 }
 
 /* Once n pointers of pool were exported, the pieces under them get their descriptors without
