@@ -344,7 +344,7 @@ test_proc_address(void)
 static void
 test_count(void)
 {
-	CUgraph graph;
+	CUgraph graph, into;
 	CUdeviceptr p;
 	unsigned long long q;
 
@@ -352,12 +352,28 @@ test_count(void)
 	EQ(cuStreamBeginCapture(CU_STREAM_LEGACY, CU_STREAM_CAPTURE_MODE_GLOBAL),
 	   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
 	gate_closed(s2);
-	if (sim) {
+	if (sim) { /* a graph the driver is not given */
 		EQ(cuStreamBeginCaptureToGraph(s1, NULL, NULL, NULL, 0,
 					       CU_STREAM_CAPTURE_MODE_GLOBAL),
-		   CUDA_ERROR_NOT_SUPPORTED);
+		   CUDA_ERROR_INVALID_VALUE);
 		gate_closed(s2);
 	}
+	/* A capture into a graph the program made counts as any other: its stream's allocations
+	 * are the driver's graph memory, the other streams' sop's, and its end ends it. */
+	OK(cuGraphCreate(&into, 0));
+	OK(cuStreamBeginCaptureToGraph(s1, into, NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_RELAXED));
+	OK(cuMemAllocAsync(&p, 4096, s1));
+	CHECK(!is_sop(p));
+	OK(cuMemFreeAsync(p, s1));
+	OK(cuMemAllocAsync(&p, 4096, s2));
+	CHECK(is_sop(p));
+	OK(cuMemFreeAsync(p, s2));
+	OK(cuStreamEndCapture(s1, &graph));
+	CHECK(graph != NULL);
+	if (graph != into)
+		OK(cuGraphDestroy(graph));
+	OK(cuGraphDestroy(into));
+	gate_closed(s2);
 	/* An end of a stream that does not capture ends nothing: the capture of s1 still counts. */
 	OK(cuStreamBeginCapture(s1, CU_STREAM_CAPTURE_MODE_RELAXED));
 	CHECK(cuStreamEndCapture(s2, &graph) != CUDA_SUCCESS);

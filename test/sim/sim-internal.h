@@ -71,7 +71,7 @@
 	X(cuModuleLoadData) X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel) \
 	X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing) \
 	X(cuStreamGetCaptureInfo) X(cuThreadExchangeStreamCaptureMode) \
-	X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy) \
+	X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuGraphCreate) \
 	SIM_GRAPH_MEMORY_ENTRY_POINTS(X) \
 	SIM_LIBCUDA_ENTRY_POINTS(X)
 
@@ -153,6 +153,9 @@ bool sim_graph_free(CUdeviceptr dptr, CUstream stream, CUresult *rc);
  * when the calling thread's capture interaction mode and the captures in flight forbid it.
  */
 CUresult sim_capture_unsafe(void);
+/* Begin a capture on handle, into a new graph, or into one the program made with cuGraphCreate
+ * (cuStreamBeginCaptureToGraph, without dependencies: nodes are not simulated). */
+CUresult sim_capture_begin(CUstream handle, CUstreamCaptureMode mode, CUgraph into);
 
 enum sim_entry {
 #define SIM_ENTRY_ENUM(name) SIM_E_##name,

@@ -647,7 +647,8 @@ SIM_EXPORT CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *p
 	return cuStreamEndCapture(per_thread(hStream), phGraph);
 }
 
-/* Capturing into an existing graph needs graph nodes, which are not simulated. */
+/* Capturing into a graph the program made (cuGraphCreate): the capture appends to it. With
+ * dependencies it needs graph nodes, which are not simulated. */
 SIM_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
 							const CUgraphNode *dependencies,
 							const CUgraphEdgeData *dependencyData,
@@ -655,9 +656,11 @@ SIM_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream hStream, CUgrap
 							CUstreamCaptureMode mode)
 {
 	SIM_ENTER(cuStreamBeginCaptureToGraph);
-	(void)hStream, (void)hGraph, (void)dependencies, (void)dependencyData;
-	(void)numDependencies, (void)mode;
-	return CUDA_ERROR_NOT_SUPPORTED;
+	if (numDependencies || dependencies || dependencyData)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	if (!hGraph)
+		return CUDA_ERROR_INVALID_VALUE;
+	return sim_capture_begin(hStream, mode, hGraph);
 }
 
 SIM_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,

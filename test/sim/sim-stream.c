@@ -1834,6 +1834,9 @@ struct sim_graph {
 	struct sim_thread *owner;	/* the thread that began the capture */
 	struct sim_stream *origin;	/* holds a reference while capturing */
 	bool capturing, invalidated;
+	/* Made by cuGraphCreate: a capture into it appends to it, and its end gives it back as it
+	 * is, the program's still. */
+	bool made;
 	struct op *head, *tail;
 	struct sim_galloc *allocs;
 	struct sim_stream **joined;	/* streams that joined, with references */
@@ -2058,13 +2061,12 @@ static CUresult capture_forbids(CUstream handle)
 	return rc == CUDA_SUCCESS ? sim_capture_unsafe() : rc;
 }
 
-SIM_EXPORT CUresult CUDAAPI cuStreamBeginCapture(CUstream handle, CUstreamCaptureMode mode)
+CUresult sim_capture_begin(CUstream handle, CUstreamCaptureMode mode, CUgraph into)
 {
 	struct sim_stream *s;
-	struct sim_graph *g;
+	struct sim_graph *g = (struct sim_graph *)into, *a;
 	CUresult rc;
 
-	SIM_ENTER(cuStreamBeginCapture);
 	if ((unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED)
 		return CUDA_ERROR_INVALID_VALUE;
 	/* The legacy stream by its special handle: what the driver of 580 answers. */
@@ -2077,36 +2079,77 @@ SIM_EXPORT CUresult CUDAAPI cuStreamBeginCapture(CUstream handle, CUstreamCaptur
 		stream_put(s);
 		return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
 	}
-	g = calloc(1, sizeof(*g));
-	if (!g) {
+	if (!g && !(g = calloc(1, sizeof(*g)))) {
 		stream_put(s);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	g->id = atomic_fetch_add(&next_capture_id, 1);
-	g->mode = mode;
-	g->owner = sim_thread(true);
-	g->origin = s; /* the reference moves here */
-	g->capturing = true;
-	g->refs = 1;
 	pthread_mutex_lock(&cap_lock);
-	if (s->cap) {
+	if (into) {
+		/* A graph the program made, alive, and in no capture. */
+		for (a = graphs; a && a != g; a = a->all_next)
+			;
+		if (!a || !g->made)
+			rc = CUDA_ERROR_INVALID_VALUE;
+		else if (g->capturing)
+			rc = CUDA_ERROR_ILLEGAL_STATE;
+	}
+	if (rc == CUDA_SUCCESS && s->cap)
 		rc = CUDA_ERROR_ILLEGAL_STATE;
-	} else {
+	if (rc == CUDA_SUCCESS) {
+		g->id = atomic_fetch_add(&next_capture_id, 1);
+		g->mode = mode;
+		g->owner = sim_thread(true);
+		g->origin = s; /* the reference moves here */
+		g->capturing = true;
+		g->invalidated = false;
 		s->cap = g;
 		g->next = captures;
 		captures = g;
-		g->all_next = graphs;
-		if (graphs)
-			graphs->all_prev = g;
-		graphs = g;
+		if (!into) {
+			g->refs = 1;
+			g->all_next = graphs;
+			if (graphs)
+				graphs->all_prev = g;
+			graphs = g;
+		}
 		atomic_fetch_add(&n_captures, 1);
 	}
 	pthread_mutex_unlock(&cap_lock);
 	if (rc != CUDA_SUCCESS) {
-		free(g);
+		if (!into)
+			free(g);
 		stream_put(s);
 	}
 	return rc;
+}
+
+SIM_EXPORT CUresult CUDAAPI cuStreamBeginCapture(CUstream handle, CUstreamCaptureMode mode)
+{
+	SIM_ENTER(cuStreamBeginCapture);
+	return sim_capture_begin(handle, mode, NULL);
+}
+
+/* An empty graph, for a capture into it. */
+SIM_EXPORT CUresult CUDAAPI cuGraphCreate(CUgraph *graph, unsigned int flags)
+{
+	struct sim_graph *g;
+
+	SIM_ENTER(cuGraphCreate);
+	if (!graph || flags)
+		return CUDA_ERROR_INVALID_VALUE;
+	g = calloc(1, sizeof(*g));
+	if (!g)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	g->made = true;
+	g->refs = 1;
+	pthread_mutex_lock(&cap_lock);
+	g->all_next = graphs;
+	if (graphs)
+		graphs->all_prev = g;
+	graphs = g;
+	pthread_mutex_unlock(&cap_lock);
+	*graph = (CUgraph)g;
+	return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream handle, CUgraph *graph)
@@ -2148,7 +2191,8 @@ SIM_EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream handle, CUgraph *graph)
 		if (g->invalidated) {
 			rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
 			*graph = NULL;
-			graph_put_locked(g);
+			if (!g->made) /* else the program's handle still holds it */
+				graph_put_locked(g);
 		} else {
 			*graph = (CUgraph)g;
 		}
