@@ -38,13 +38,6 @@ trim(int pool, size_t keep)
 	return sop_trim_to(pools[pool], keep);
 }
 
-static CUresult
-stream_destroy(CUstream s)
-{
-	th_stream_destroy(s);
-	return CUDA_SUCCESS;
-}
-
 int
 main(int argc, char **argv)
 {
@@ -60,7 +53,6 @@ main(int argc, char **argv)
 		.ctx_synchronize = sop_ctx_synchronize,
 		.trim = trim,
 		.event_destroy = sop_event_destroy,
-		.stream_destroy = stream_destroy,
 	};
 	cuuint64_t zero = 0;
 	sop_pool_t aux;
@@ -73,6 +65,7 @@ main(int argc, char **argv)
 	api.event_create = th.cuEventCreate;
 	api.event_destroy_direct = th.cuEventDestroy;
 	api.stream_create = th.cuStreamCreate;
+	api.stream_destroy = th.cuStreamDestroy;
 	api.ctx_set_current = th.cuCtxSetCurrent;
 	api.launch = th.cuLaunchKernel;
 	api.memset32 = th.cuMemsetD32Async;

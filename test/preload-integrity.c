@@ -54,20 +54,6 @@ ctx_synchronize(void)
 	return cuCtxSynchronize();
 }
 
-static CUresult
-launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
-       unsigned int by, unsigned int bz, unsigned int shared, CUstream s, void **params,
-       void **extra)
-{
-	return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
-}
-
-static CUresult
-copy_dtoh(void *dst, CUdeviceptr src, size_t bytes, CUstream s)
-{
-	return cuMemcpyDtoHAsync(dst, src, bytes, s);
-}
-
 int
 main(int argc, char **argv)
 {
@@ -89,9 +75,9 @@ main(int argc, char **argv)
 		.event_destroy_direct = cuEventDestroy,
 		.stream_create = cuStreamCreate,
 		.ctx_set_current = cuCtxSetCurrent,
-		.launch = launch,
+		.launch = cuLaunchKernel,
 		.memset32 = cuMemsetD32Async,
-		.copy_dtoh = copy_dtoh,
+		.copy_dtoh = cuMemcpyDtoHAsync,
 		.host_func = cuLaunchHostFunc,
 	};
 	const char *expect = "";

@@ -1857,6 +1857,17 @@ static atomic_long n_captured_events;	/* set once an event is recorded in a capt
 static atomic_ullong next_capture_id = 1;
 static struct sim_graph *graphs;	/* every capture and graph not yet freed */
 
+/* A new graph among every graph not yet freed, with the reference its handle holds. cap_lock
+ * held. */
+static void graph_add_locked(struct sim_graph *g)
+{
+	g->refs = 1;
+	g->all_next = graphs;
+	if (graphs)
+		graphs->all_prev = g;
+	graphs = g;
+}
+
 static void graph_put_locked(struct sim_graph *g)
 {
 	if (--g->refs)
@@ -2105,13 +2116,8 @@ CUresult sim_capture_begin(CUstream handle, CUstreamCaptureMode mode, CUgraph in
 		s->cap = g;
 		g->next = captures;
 		captures = g;
-		if (!into) {
-			g->refs = 1;
-			g->all_next = graphs;
-			if (graphs)
-				graphs->all_prev = g;
-			graphs = g;
-		}
+		if (!into)
+			graph_add_locked(g);
 		atomic_fetch_add(&n_captures, 1);
 	}
 	pthread_mutex_unlock(&cap_lock);
@@ -2141,12 +2147,8 @@ SIM_EXPORT CUresult CUDAAPI cuGraphCreate(CUgraph *graph, unsigned int flags)
 	if (!g)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	g->made = true;
-	g->refs = 1;
 	pthread_mutex_lock(&cap_lock);
-	g->all_next = graphs;
-	if (graphs)
-		graphs->all_prev = g;
-	graphs = g;
+	graph_add_locked(g);
 	pthread_mutex_unlock(&cap_lock);
 	*graph = (CUgraph)g;
 	return CUDA_SUCCESS;
